@@ -1,0 +1,29 @@
+"""Delayed Celery calls kept in Redis sorted sets: parked, released on time, tracked until done."""
+
+from .errors import (
+    Abandon,
+    ConfigurationError,
+    PayloadError,
+    RedisDelayError,
+    ScheduleError,
+    StoreUnavailableError,
+)
+from .extension import RedisDelay
+from .task import DelayedTask
+from .validation import ValidationReport, run_validation
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Abandon",
+    "ConfigurationError",
+    "DelayedTask",
+    "PayloadError",
+    "RedisDelay",
+    "RedisDelayError",
+    "ScheduleError",
+    "StoreUnavailableError",
+    "ValidationReport",
+    "__version__",
+    "run_validation",
+]

@@ -1,0 +1,195 @@
+"""``RedisDelay``: binds celery-redisdelay to a Celery app."""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cached_property
+from typing import Any, TypeVar, overload
+
+import redis
+from celery import Celery, signals
+
+from . import tracking
+from .envelope import Envelope
+from .errors import PayloadError, RedisDelayError
+from .keys import Keyspace
+from .producer import ParkingProducer
+from .release import Releaser, TickReport
+from .schedule import Due
+from .settings import Settings
+from .store import CallStore, Entry, redis_errors
+from .task import DelayedTask
+
+logger = logging.getLogger(__name__)
+
+TICK_TASK = "redisdelay.tick"
+VALIDATE_TASK = "redisdelay.validate"
+VALIDATE_CONSUMER_TASK = "redisdelay.validate_consumer"
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_EXTENSIONS: weakref.WeakKeyDictionary[Celery, RedisDelay] = weakref.WeakKeyDictionary()
+
+# Decorator options that are ours; everything else goes to ``app.task``.
+_OPTION_ATTRIBUTES = {"countdown": "default_countdown", "timeout": "visibility_timeout"}
+
+
+class RedisDelay:
+    """celery-redisdelay for one Celery app.
+
+    ``RedisDelay(app)`` registers the ``redisdelay.tick`` and ``redisdelay.validate`` tasks, adds the
+    tick to ``beat_schedule`` and hooks the worker so calls are tracked until they finish. Settings
+    are read from ``app.conf`` (``redisdelay_*``) the first time they are needed.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        if app in _EXTENSIONS:
+            raise RedisDelayError(f"RedisDelay is already bound to app {app.main!r}; use RedisDelay.of(app)")
+        _EXTENSIONS[app] = self
+        self.app: Any = app
+        self.Task: type[DelayedTask] = type("DelayedTask", (DelayedTask,), {"redisdelay": self})
+
+        def tick() -> dict[str, int]:
+            return self.tick()
+
+        app.task(name=TICK_TASK, ignore_result=True, shared=False)(tick)
+        from .validation import register_validation_tasks
+
+        register_validation_tasks(self)
+        tracking.connect(self)
+        if app.configured:
+            self._install_schedule(app.conf)
+        app.on_after_configure.connect(self._on_configured, weak=False)
+        signals.beat_init.connect(self._on_beat_init, weak=False)
+
+    @classmethod
+    def of(cls, app: Celery) -> RedisDelay:
+        """The extension bound to ``app`` (the command line finds it this way)."""
+        try:
+            return _EXTENSIONS[app]
+        except KeyError:
+            raise RedisDelayError(
+                f"app {app.main!r} has no RedisDelay: create one with RedisDelay(app) in the module celery -A loads"
+            ) from None
+
+    # -- configuration -------------------------------------------------------------------------
+
+    @cached_property
+    def settings(self) -> Settings:
+        return Settings.from_conf(self.app.conf)
+
+    @cached_property
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.settings.url, health_check_interval=30)
+
+    @cached_property
+    def keys(self) -> Keyspace:
+        return Keyspace(self.settings.key_prefix)
+
+    @cached_property
+    def store(self) -> CallStore:
+        return CallStore(self.client, self.keys)
+
+    @cached_property
+    def releaser(self) -> Releaser:
+        return Releaser(self.app, self.store, self.settings)
+
+    def _on_configured(self, sender: Any = None, source: Any = None, **_: Any) -> None:
+        if sender is self.app and source is not None:
+            self._install_schedule(source)
+
+    def _on_beat_init(self, sender: Any = None, **_: Any) -> None:
+        beat_app: Any = getattr(sender, "app", None)
+        if beat_app is not None and beat_app is self.app:
+            self._install_schedule(beat_app.conf)
+
+    def _install_schedule(self, conf: Any) -> None:
+        """Add the tick to ``beat_schedule``, keeping the user's entries (and theirs wins on a clash)."""
+        interval = conf.get("redisdelay_tick_interval") or 1.0
+        schedule = dict(conf.get("beat_schedule") or {})
+        schedule.setdefault(TICK_TASK, {"task": TICK_TASK, "schedule": float(interval)})
+        conf["beat_schedule"] = schedule
+
+    # -- the decorator -------------------------------------------------------------------------
+
+    @overload
+    def delayed(self, fun: F) -> DelayedTask: ...
+
+    @overload
+    def delayed(self, fun: None = None, **options: Any) -> Callable[[F], DelayedTask]: ...
+
+    def delayed(self, fun: F | None = None, **options: Any) -> Any:
+        """Make a Celery task whose calls wait in Redis: ``@rd.delayed`` or ``@rd.delayed(countdown=10, ...)``.
+
+        Options: ``countdown`` (default seconds to wait), ``timeout`` (visibility timeout of a run),
+        ``max_deliveries``, and any option of ``app.task`` (``name``, ``queue``, ``bind``, ...).
+        """
+        task_options = {_OPTION_ATTRIBUTES.get(key, key): value for key, value in options.items()}
+        task_options.setdefault("base", self.Task)
+        if not issubclass(task_options["base"], DelayedTask):
+            raise RedisDelayError(f"base={task_options['base']!r} must be a subclass of DelayedTask")
+
+        def decorate(function: F) -> DelayedTask:
+            task: DelayedTask = self.app.task(**task_options)(function)
+            return task
+
+        return decorate(fun) if fun is not None else decorate
+
+    # -- parking -------------------------------------------------------------------------------
+
+    @contextmanager
+    def parking_producer(self, task_id: str, due: Due, meta: dict[str, Any]) -> Iterator[ParkingProducer]:
+        """A producer for Celery's ``send_task`` that parks the message under ``task_id``."""
+
+        def park(envelope: Envelope) -> None:
+            try:
+                encoded = envelope.encode()
+            except (TypeError, ValueError) as exc:
+                raise PayloadError(
+                    f"cannot store the message of {envelope.task}: its headers or options are not "
+                    f"JSON-serializable ({exc}); nothing was stored"
+                ) from exc
+            self.store.park(task_id, encoded, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms)
+
+        with self.app.producer_or_acquire() as real:
+            yield ParkingProducer(real, task_id, park)
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def cancel(self, task_id: str) -> bool:
+        """Drop a call that is still parked; False when it was already released, finished or unknown."""
+        return self.store.cancel(task_id)
+
+    def requeue(self, task_id: str) -> bool:
+        """Give a dead-lettered call a fresh start, due now; False when it is not dead-lettered."""
+        status = self.store.requeue(task_id)
+        if status < 0:
+            raise RedisDelayError(f"call {task_id} has no payload left to run; it stays dead-lettered")
+        return status == 1
+
+    def stats(self) -> dict[str, int]:
+        """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``."""
+        return self.store.stats()
+
+    def find(self, task_id: str) -> Entry | None:
+        """Where a call is (delayed, inflight or dead) with its metadata, or None."""
+        return self.store.find(task_id)
+
+    def dead_letters(self, limit: int = 100, offset: int = 0) -> list[Entry]:
+        """A page of dead-lettered calls; each entry's ``meta['why']`` says why."""
+        return self.store.entries("dead", limit, offset)
+
+    def tick(self) -> dict[str, int]:
+        """Sweep timed-out calls and release due ones (the body of the ``redisdelay.tick`` task)."""
+        report: TickReport = self.releaser.tick()
+        if report.released or report.requeued or report.dead:
+            logger.info("redisdelay tick: %s", report.as_dict())
+        return report.as_dict()
+
+    def ping(self) -> bool:
+        """Check that the store's Redis answers; raises :class:`StoreUnavailableError` when it does not."""
+        with redis_errors("ping Redis"):
+            return bool(self.client.ping())

@@ -1,0 +1,26 @@
+-- claim.lua: take due calls for publishing. A claimed call is in flight with a short deadline,
+-- so a releaser that dies before publishing loses nothing: the sweep brings the call back.
+-- ARGV: 1 most calls to take, 2 claim timeout (ms)
+-- Returns: {id, envelope, deliveries, id, envelope, deliveries, ...}.
+-- A due id without an envelope is dead-lettered here and not returned.
+local now = now_ms()
+local ids = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local deadline = now + tonumber(ARGV[2])
+local out = {}
+for _, id in ipairs(ids) do
+    local meta = load_meta(id)
+    local envelope = redis.call('HGET', PAYLOADS, id)
+    if not envelope then
+        bury(id, meta, 'payload missing at release', now)
+    else
+        redis.call('ZREM', DELAYED, id)
+        meta.d = (tonumber(meta.d) or 0) + 1
+        meta.s = 'claimed'
+        save_meta(id, meta)
+        redis.call('ZADD', INFLIGHT, deadline, id)
+        out[#out + 1] = id
+        out[#out + 1] = envelope
+        out[#out + 1] = meta.d
+    end
+end
+return out

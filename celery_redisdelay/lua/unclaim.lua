@@ -1,0 +1,16 @@
+-- unclaim.lua: publishing failed; give claimed calls back, due at once, without counting a delivery.
+-- ARGV: ids
+-- Returns: how many calls went back.
+local now = now_ms()
+local returned = 0
+for _, id in ipairs(ARGV) do
+    local meta = load_meta(id)
+    if meta.s == 'claimed' and redis.call('ZREM', INFLIGHT, id) == 1 then
+        meta.s = 'delayed'
+        meta.d = math.max((tonumber(meta.d) or 1) - 1, 0)
+        save_meta(id, meta)
+        redis.call('ZADD', DELAYED, now, id)
+        returned = returned + 1
+    end
+end
+return returned

@@ -1,0 +1,122 @@
+"""Releasing due calls to the broker, and sweeping calls whose deadline passed.
+
+Each step is one bounded script call; the loops here repeat them until nothing is left or the time
+budget is spent (the next tick carries on). A bad entry is dead-lettered and the loop goes on; a
+broker that refuses a publish gives the unpublished calls back and ends the loop with the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .envelope import Envelope, EnvelopeError
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from .settings import Settings
+    from .store import CallStore, Claimed
+
+logger = logging.getLogger(__name__)
+
+#: How long one tick may keep releasing before it leaves the rest to the next tick.
+TICK_BUDGET_SECONDS = 10.0
+
+
+@dataclass
+class TickReport:
+    """What one tick did."""
+
+    released: int = 0
+    requeued: int = 0
+    dead: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"released": self.released, "requeued": self.requeued, "dead": self.dead}
+
+
+def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
+    """Publish a parked message to the broker as Celery itself would have (``send_task_message``)."""
+    queues = app.amqp.queues
+    declare = [queues[name] for name in envelope.queues]
+    producer.publish(
+        envelope.body,
+        exchange=envelope.exchange,
+        routing_key=envelope.routing_key,
+        content_type=envelope.content_type,
+        content_encoding=envelope.content_encoding,
+        headers=envelope.headers,
+        declare=declare,
+        delivery_mode=envelope.delivery_mode,
+        retry=True,
+        retry_policy=envelope.retry_policy,
+        **envelope.properties,
+    )
+
+
+class Releaser:
+    """Moves due calls from the store to the broker."""
+
+    def __init__(self, app: Celery, store: CallStore, settings: Settings) -> None:
+        self.app = app
+        self.store = store
+        self.settings = settings
+
+    def sweep(self, report: TickReport, deadline: float) -> None:
+        batch = self.settings.release_batch
+        while time.monotonic() < deadline:
+            requeued, dead = self.store.sweep(batch, self.settings.max_deliveries)
+            report.requeued += requeued
+            report.dead += dead
+            if requeued + dead < batch:
+                return
+
+    def release(self, report: TickReport, deadline: float) -> None:
+        batch = self.settings.release_batch
+        claim_ms = round(self.settings.claim_timeout * 1000)
+        while time.monotonic() < deadline:
+            claimed = self.store.claim(batch, claim_ms)
+            if claimed:
+                report.released += self._publish_batch(claimed, report)
+            if len(claimed) < batch:
+                return
+
+    def _publish_batch(self, claimed: list[Claimed], report: TickReport) -> int:
+        published: list[str] = []
+        pending = [call.id for call in claimed]
+        try:
+            with self.app.producer_or_acquire() as producer:
+                for call in claimed:
+                    try:
+                        envelope = Envelope.decode(call.envelope)
+                    except EnvelopeError as exc:
+                        logger.error("redisdelay: dead-lettering call %s: %s", call.id, exc)
+                        self.store.bury(call.id, str(exc))
+                        report.dead += 1
+                    else:
+                        publish(self.app, producer, envelope)
+                        published.append(call.id)
+                    pending.pop(0)
+        except Exception:
+            # The broker (or Redis) failed mid-batch: what was not published goes back now rather than
+            # after the claim timeout. If Redis itself is gone, the sweep returns them later.
+            try:
+                self.store.unclaim(pending)
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                logger.warning("redisdelay: could not give back %d unpublished calls", len(pending))
+            raise
+        finally:
+            if published:
+                self.store.confirm(published, round(self.settings.queue_timeout * 1000))
+        return len(published)
+
+    def tick(self, budget: float = TICK_BUDGET_SECONDS) -> TickReport:
+        """Sweep, then release, within ``budget`` seconds."""
+        report = TickReport()
+        deadline = time.monotonic() + budget
+        self.sweep(report, deadline)
+        self.release(report, deadline)
+        return report

@@ -1,0 +1,50 @@
+"""The Lua scripts, read from ``lua/`` once and registered per Redis client.
+
+Each state change of the call store is one script: the prelude (shared helpers and a check of the
+key types) followed by the script's own file.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from redis.commands.core import Script
+
+STORE_SCRIPTS = (
+    "park",
+    "claim",
+    "confirm",
+    "unclaim",
+    "start",
+    "touch",
+    "ack",
+    "sweep",
+    "bury",
+    "cancel",
+    "requeue",
+)
+STANDALONE_SCRIPTS = ("validate_consume",)
+
+
+@cache
+def source(name: str) -> str:
+    """The full text of a script, prelude included for store scripts."""
+    text = files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+    if name in STORE_SCRIPTS:
+        prelude = files(__package__).joinpath("lua", "prelude.lua").read_text(encoding="utf-8")
+        return f"{prelude}\n{text}"
+    return text
+
+
+class Scripts:
+    """The scripts bound to one client; each runs with EVALSHA and loads itself on NOSCRIPT."""
+
+    def __init__(self, client: Any) -> None:
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(source(name)) for name in STORE_SCRIPTS + STANDALONE_SCRIPTS
+        }
+
+    def __getitem__(self, name: str) -> Script:
+        return self._scripts[name]

@@ -1,0 +1,85 @@
+"""The ``redisdelay_*`` settings, read once from ``app.conf`` and checked."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import ConfigurationError
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+#: Every setting with its default. ``None`` defaults are derived (see :meth:`Settings.from_conf`).
+DEFAULTS: dict[str, Any] = {
+    "redisdelay_url": None,
+    "redisdelay_key_prefix": "redisdelay",
+    "redisdelay_tick_interval": 1.0,
+    "redisdelay_visibility_timeout": 3600.0,
+    "redisdelay_queue_timeout": None,
+    "redisdelay_claim_timeout": 60.0,
+    "redisdelay_max_deliveries": 10,
+    "redisdelay_release_batch": 500,
+}
+
+
+def _positive(conf: Mapping[str, Any], name: str, *, integer: bool = False) -> Any:
+    value = conf.get(name)
+    if value is None:
+        value = DEFAULTS[name]
+    valid_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not valid_type or not math.isfinite(value) or value <= 0:
+        kind = "a positive integer" if integer else "a positive number of seconds"
+        raise ConfigurationError(f"{name} must be {kind}, not {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The extension's configuration; durations in seconds."""
+
+    url: str
+    key_prefix: str
+    tick_interval: float
+    visibility_timeout: float
+    queue_timeout: float
+    claim_timeout: float
+    max_deliveries: int
+    release_batch: int
+
+    @classmethod
+    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
+        """Read and check the settings; raise :class:`ConfigurationError` naming the bad one."""
+        url = conf.get("redisdelay_url") or _redis_broker_url(conf)
+        if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
+            raise ConfigurationError(f"redisdelay_url must be a redis://, rediss:// or unix:// URL, not {url!r}")
+        prefix = conf.get("redisdelay_key_prefix") or DEFAULTS["redisdelay_key_prefix"]
+        if not isinstance(prefix, str):
+            raise ConfigurationError(f"redisdelay_key_prefix must be a string, not {prefix!r}")
+        queue_timeout = conf.get("redisdelay_queue_timeout")
+        if queue_timeout is None:
+            # Outlast the broker's own visibility timeout: kombu restores messages a dead worker had
+            # prefetched after that long, and sweeping them earlier would deliver them twice.
+            options = conf.get("broker_transport_options") or {}
+            queue_timeout = 2 * max(float(options.get("visibility_timeout", 3600)), 3600.0)
+        return cls(
+            url=url,
+            key_prefix=prefix,
+            tick_interval=float(_positive(conf, "redisdelay_tick_interval")),
+            visibility_timeout=float(_positive(conf, "redisdelay_visibility_timeout")),
+            queue_timeout=float(_positive({"redisdelay_queue_timeout": queue_timeout}, "redisdelay_queue_timeout")),
+            claim_timeout=float(_positive(conf, "redisdelay_claim_timeout")),
+            max_deliveries=int(_positive(conf, "redisdelay_max_deliveries", integer=True)),
+            release_batch=int(_positive(conf, "redisdelay_release_batch", integer=True)),
+        )
+
+
+def _redis_broker_url(conf: Mapping[str, Any]) -> str:
+    broker = conf.get("broker_write_url") or conf.get("broker_url")
+    if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES):
+        return broker.split(";")[0]
+    raise ConfigurationError(
+        f"redisdelay_url is not set and the broker URL {broker!r} is not a Redis URL; "
+        "set app.conf.redisdelay_url = 'redis://host:6379/0'"
+    )

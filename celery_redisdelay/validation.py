@@ -1,0 +1,139 @@
+"""The validation of seed 001, run through the real path: park, release, fail, sweep, redeliver, ack.
+
+``count`` messages are parked for a consumer task that fails every ``fail_every``-th delivery without
+acknowledging it (it raises :class:`Abandon`); the sweep brings those back after ``timeout`` seconds.
+The run ends when every message has been processed and none of its calls is left in the store, or at
+the deadline. Unlike the seed, the report also counts duplicates.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import Abandon, RedisDelayError
+from .store import text
+
+if TYPE_CHECKING:
+    from .extension import RedisDelay
+
+CONSUMER_TASK = "redisdelay.validate_consumer"
+VALIDATE_TASK = "redisdelay.validate"
+#: Deliveries allowed to one validation message before it is dead-lettered; with fail-every-other a
+#: message fails k times in a row with probability 2**-k, so this is never reached by chance.
+CONSUMER_MAX_DELIVERIES = 64
+POLL_SECONDS = 0.05
+
+
+@dataclass
+class ValidationReport:
+    """The outcome of a validation run; ``ok`` when nothing is missing."""
+
+    run_id: str
+    expected: int
+    processed: int
+    missing: list[int] = field(default_factory=list)
+    duplicates: list[int] = field(default_factory=list)
+    deliveries: int = 0
+    failures: int = 0
+    dead: int = 0
+    elapsed: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def register_validation_tasks(rd: RedisDelay) -> None:
+    """Register ``redisdelay.validate`` and its consumer on ``rd``'s app."""
+
+    @rd.delayed(name=CONSUMER_TASK, bind=True, ignore_result=True, max_deliveries=CONSUMER_MAX_DELIVERIES)
+    def consume(self: Any, run_id: str, number: int, fail_every: int) -> None:
+        processed_key, counters_key = rd.keys.validation_keys(run_id)
+        script = rd.store._scripts["validate_consume"]
+        if not script(keys=[processed_key, counters_key], args=[number, fail_every]):
+            raise Abandon(f"validation run {run_id}: failing delivery of message {number} on purpose")
+
+    @rd.app.task(name=VALIDATE_TASK, shared=False)  # type: ignore[untyped-decorator]
+    def validate(
+        count: int = 1000, fail_every: int = 2, timeout: float = 5.0, deadline: float = 600.0
+    ) -> dict[str, Any]:
+        """Run a validation and return its report (needs a worker with a free slot for the consumer)."""
+        return run_validation(rd, count, fail_every=fail_every, timeout=timeout, deadline=deadline).as_dict()
+
+
+def run_validation(
+    rd: RedisDelay,
+    count: int,
+    *,
+    fail_every: int = 2,
+    timeout: float = 5.0,
+    deadline: float = 600.0,
+    queue_timeout: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ValidationReport:
+    """Park ``count`` messages for the consumer and wait (polling Redis) until all are done.
+
+    Workers and a tick (beat, or another releaser) must be running against the same app.
+    """
+    if count < 1:
+        raise RedisDelayError(f"count must be at least 1, not {count}")
+    if fail_every == 1 or fail_every < 0:
+        raise RedisDelayError(f"fail_every must be 0 (never fail) or at least 2, not {fail_every}")
+    run_id = uuid.uuid4().hex[:12]
+    processed_key, counters_key = rd.keys.validation_keys(run_id)
+    consumer = rd.app.tasks[CONSUMER_TASK]
+    # Calls released in bulk wait in the broker queue; give them longer than a run before sweeping.
+    queue_timeout = queue_timeout if queue_timeout is not None else max(30.0, 6 * timeout)
+    started = time.monotonic()
+    ids = [
+        consumer.apply_async((run_id, number, fail_every), visibility_timeout=timeout, queue_timeout=queue_timeout).id
+        for number in range(count)
+    ]
+    give_up = started + deadline
+    timed_out = True
+    while time.monotonic() < give_up:
+        done = rd.client.hlen(processed_key)
+        if progress is not None:
+            progress(done, count)
+        if done >= count and not _pending(rd, ids):
+            timed_out = False
+            break
+        time.sleep(POLL_SECONDS)
+    elapsed = time.monotonic() - started
+    raw = rd.client.hgetall(processed_key)
+    times = {int(number): int(n) for number, n in raw.items()}
+    counters = {text(key): int(value) for key, value in rd.client.hgetall(counters_key).items()}
+    dead = sum(score is not None for score in rd.client.zmscore(rd.keys.dead, ids))
+    rd.client.delete(processed_key, counters_key)
+    return ValidationReport(
+        run_id=run_id,
+        expected=count,
+        processed=len(times),
+        missing=[number for number in range(count) if number not in times],
+        duplicates=sorted(number for number, n in times.items() if n > 1),
+        deliveries=counters.get("deliveries", 0),
+        failures=counters.get("failures", 0),
+        dead=dead,
+        elapsed=round(elapsed, 3),
+        timed_out=timed_out,
+    )
+
+
+def _pending(rd: RedisDelay, ids: list[str], chunk: int = 1000) -> bool:
+    """Whether any of the run's calls is still delayed or in flight."""
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        pipe = rd.client.pipeline(transaction=False)
+        pipe.zmscore(rd.keys.delayed, part)
+        pipe.zmscore(rd.keys.inflight, part)
+        if any(score is not None for scores in pipe.execute() for score in scores):
+            return True
+    return False

@@ -1,0 +1,118 @@
+"""Fixtures: a real redis-server for the session, stores with their own key prefix per test, and
+real Celery worker and beat processes for the end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_redisdelay import RedisDelay
+from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, wait_for, worker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    print(f"redis-server {server.version()} ({server.binary}) on port {server.port}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    connection = redis.Redis.from_url(f"{redis_server.url}/0")
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def make_app(redis_server: RedisServer) -> Iterator[object]:
+    """Build a Celery app with celery-redisdelay on the session's Redis, under a fresh key prefix."""
+    apps: list[Celery] = []
+
+    def make(**conf: object) -> tuple[Celery, RedisDelay]:
+        app = Celery(f"t{len(apps)}", broker=f"{redis_server.url}/0", set_as_current=False)
+        app.conf.update(
+            redisdelay_key_prefix=f"test-{uuid.uuid4().hex[:8]}",
+            task_default_queue=f"queue-{uuid.uuid4().hex[:8]}",
+            **conf,
+        )
+        apps.append(app)
+        return app, RedisDelay(app)
+
+    yield make
+    for app in apps:
+        app.close()
+
+
+@pytest.fixture
+def rd(make_app: object) -> RedisDelay:
+    """An extension on its own key prefix and its own (unconsumed) default queue."""
+    _, extension = make_app()  # type: ignore[operator]
+    return extension
+
+
+class Cluster:
+    """The worker and beat of the end-to-end tests, running ``tests.proj``."""
+
+    def __init__(self, server: RedisServer) -> None:
+        self.env = {"REDISDELAY_TEST_URL": server.url, "PYTHONPATH": str(ROOT)}
+        os.environ["REDISDELAY_TEST_URL"] = server.url
+        self.worker: CeleryProcess | None = None
+        self.beat: CeleryProcess | None = None
+
+    def start_worker(self) -> CeleryProcess:
+        self.worker = worker("tests.proj", concurrency=2, env=self.env, cwd=str(ROOT)).start()
+        wait_for(lambda: "ready." in self.worker.output(), 60, "the worker to be ready")  # type: ignore[union-attr]
+        return self.worker
+
+    def restart_worker_after_kill(self) -> None:
+        assert self.worker is not None
+        self.worker.kill()
+        self.worker.stop()
+        self.start_worker()
+
+    def start(self) -> Cluster:
+        self.start_worker()
+        self.beat = beat("tests.proj", env=self.env, cwd=str(ROOT)).start()
+        return self
+
+    def stop(self) -> None:
+        for process in (self.beat, self.worker):
+            if process is not None:
+                process.stop()
+
+    def logs(self) -> str:
+        return "\n".join(p.output()[-4000:] for p in (self.worker, self.beat) if p is not None)
+
+
+@pytest.fixture(scope="session")
+def cluster(redis_server: RedisServer) -> Iterator[Cluster]:
+    running = Cluster(redis_server).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def proj(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[object]:
+    """The ``tests.proj`` module, imported in the test process, with the cluster running."""
+    from tests import proj as module
+
+    yield module
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(cluster.logs())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

@@ -1,0 +1,68 @@
+"""The Celery app the end-to-end tests run in real worker and beat processes.
+
+Configured from ``REDISDELAY_TEST_URL`` (a redis:// URL without database), set by the test session.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_redisdelay import RedisDelay
+
+URL = os.environ.get("REDISDELAY_TEST_URL", "redis://127.0.0.1:6379")
+TICK_INTERVAL = 0.2
+
+app = Celery("proj", broker=f"{URL}/0", backend=f"{URL}/1")
+app.conf.update(
+    redisdelay_url=f"{URL}/0",
+    redisdelay_key_prefix="e2e",
+    redisdelay_tick_interval=TICK_INTERVAL,
+    redisdelay_visibility_timeout=30,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    result_expires=600,
+)
+rd = RedisDelay(app)
+_marks = redis.Redis.from_url(f"{URL}/2")
+
+
+def server_ms() -> int:
+    seconds, micros = _marks.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+@rd.delayed(bind=True)
+def record(self: Any, key: str, value: Any = None) -> Any:
+    """Note when (by the Redis clock) and with what arguments the call ran."""
+    _marks.rpush(key, f"{self.request.id} {server_ms()} {value}")
+    return value
+
+
+@rd.delayed(bind=True, default_retry_delay=2)
+def flaky(self: Any, key: str, failures: int) -> int:
+    """Fail ``failures`` times, retrying with Celery's ``self.retry`` (which parks the call again)."""
+    runs = _marks.incr(key)
+    if runs <= failures:
+        raise self.retry(countdown=1.5)
+    return int(runs)
+
+
+@rd.delayed(bind=True, timeout=2)
+def slow_once(self: Any, key: str, seconds: float) -> int:
+    """Sleep on the first delivery (so a test can kill the worker mid-task), return at once after."""
+    delivery = _marks.incr(key)
+    if delivery == 1:
+        _marks.set(f"{key}:started", self.request.id)
+        time.sleep(seconds)
+    return int(delivery)
+
+
+@app.task
+def plain_add(x: int, y: int) -> int:
+    return x + y
