@@ -18,7 +18,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_tick_interval": 1.0,
     "redisdelay_visibility_timeout": 3600.0,
     "redisdelay_queue_timeout": None,
-    "redisdelay_claim_timeout": 60.0,
+    "redisdelay_claim_timeout": 30.0,
     "redisdelay_max_deliveries": 10,
     "redisdelay_release_batch": 500,
 }

@@ -156,7 +156,8 @@ class CeleryProcess:
         self.command = list(command)
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
-        self.log_path = Path(tempfile.mkstemp(prefix=f"redisdelay-{command[0]}-", suffix=".log")[1])
+        self.dir = Path(tempfile.mkdtemp(prefix=f"redisdelay-{command[0]}-"))
+        self.log_path = self.dir / f"{command[0]}.log"
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -193,6 +194,10 @@ class CeleryProcess:
             self._log.close()
             self._log = None
 
+    def remove_files(self) -> None:
+        """Delete the process's log and any state it kept (beat's schedule file); after ``stop()``."""
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def __enter__(self) -> CeleryProcess:
         return self.start()
 
@@ -225,5 +230,6 @@ def worker(
 
 
 def beat(app: str, *, env: dict[str, str] | None = None, cwd: str | None = None) -> CeleryProcess:
-    schedule = Path(tempfile.mkdtemp(prefix="redisdelay-beat-")) / "schedule"
-    return CeleryProcess(app, ["beat", "--loglevel=INFO", f"--schedule={schedule}"], env, cwd)
+    process = CeleryProcess(app, ["beat", "--loglevel=INFO"], env, cwd)
+    process.command.append(f"--schedule={process.dir / 'schedule'}")
+    return process

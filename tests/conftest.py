@@ -78,6 +78,7 @@ class Cluster:
         assert self.worker is not None
         self.worker.kill()
         self.worker.stop()
+        self.worker.remove_files()
         self.start_worker()
 
     def start(self) -> Cluster:
@@ -89,6 +90,7 @@ class Cluster:
         for process in (self.beat, self.worker):
             if process is not None:
                 process.stop()
+                process.remove_files()
 
     def logs(self) -> str:
         return "\n".join(p.output()[-4000:] for p in (self.worker, self.beat) if p is not None)

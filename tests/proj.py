@@ -23,6 +23,7 @@ app.conf.update(
     redisdelay_key_prefix="e2e",
     redisdelay_tick_interval=TICK_INTERVAL,
     redisdelay_visibility_timeout=30,
+    redisdelay_claim_timeout=5,
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,

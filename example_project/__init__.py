@@ -1,0 +1,1 @@
+"""An example Celery project using celery-redisdelay; ``python3 dev.py demo`` runs its demo."""
