@@ -33,7 +33,8 @@ class Envelope:
     exchange: str = ""
     routing_key: str = ""
     queues: list[str] = field(default_factory=list)
-    delivery_mode: int | None = None
+    delivery_mode: int | str | None = None
+    retry: bool = True
     retry_policy: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
@@ -50,7 +51,7 @@ class Envelope:
         """Parse a stored envelope; raise :class:`EnvelopeError` saying what is wrong with it."""
         try:
             data = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
             raise EnvelopeError(f"not a celery-redisdelay envelope (undecodable: {exc})") from exc
         if not isinstance(data, dict) or data.get("v") != FORMAT_VERSION:
             version = data.get("v") if isinstance(data, dict) else None
@@ -63,6 +64,28 @@ class Envelope:
             envelope = cls(body=body, **data)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise EnvelopeError(f"malformed celery-redisdelay envelope ({exc!r})") from exc
-        if not isinstance(envelope.headers, dict) or not isinstance(envelope.task, str):
-            raise EnvelopeError("malformed celery-redisdelay envelope (headers or task name)")
+        envelope.check()
         return envelope
+
+    def check(self) -> None:
+        """Raise :class:`EnvelopeError` naming the first field whose type cannot be published."""
+        expected: dict[str, tuple[type, ...]] = {
+            "task": (str,),
+            "headers": (dict,),
+            "properties": (dict,),
+            "exchange": (str,),
+            "routing_key": (str,),
+            "content_type": (str,),
+            "content_encoding": (str,),
+            "queues": (list,),
+            "delivery_mode": (int, str, type(None)),
+            "retry": (bool,),
+            "retry_policy": (dict, type(None)),
+        }
+        for name, types in expected.items():
+            if not isinstance(getattr(self, name), types):
+                raise EnvelopeError(f"malformed celery-redisdelay envelope (field {name!r})")
+        if not all(isinstance(queue, str) for queue in self.queues):
+            raise EnvelopeError("malformed celery-redisdelay envelope (field 'queues')")
+        if self.delivery_mode not in (None, 1, 2, "transient", "persistent"):
+            raise EnvelopeError("malformed celery-redisdelay envelope (field 'delivery_mode')")

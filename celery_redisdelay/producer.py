@@ -92,5 +92,6 @@ class ParkingProducer:
             routing_key=routing_key or "",
             queues=[q.name for q in declare or () if isinstance(q, Queue)],
             delivery_mode=delivery_mode,
+            retry=True if retry is None else bool(retry),
             retry_policy=retry_policy,
         )

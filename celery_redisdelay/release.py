@@ -12,7 +12,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
+from kombu.exceptions import OperationalError
+
 from .envelope import Envelope, EnvelopeError
+from .errors import RedisDelayError
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -51,9 +55,22 @@ def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
         headers=envelope.headers,
         declare=declare,
         delivery_mode=envelope.delivery_mode,
-        retry=True,
+        retry=envelope.retry,
         retry_policy=envelope.retry_policy,
         **envelope.properties,
+    )
+
+
+def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:
+    """Errors that mean the broker or Redis failed, not the entry being published: they stop the batch."""
+    connection = producer.connection
+    return (
+        OperationalError,
+        OSError,
+        redis.RedisError,
+        RedisDelayError,
+        *connection.connection_errors,
+        *connection.channel_errors,
     )
 
 
@@ -78,10 +95,11 @@ class Releaser:
         batch = self.settings.release_batch
         claim_ms = round(self.settings.claim_timeout * 1000)
         while time.monotonic() < deadline:
-            claimed = self.store.claim(batch, claim_ms)
+            claimed, examined = self.store.claim_batch(batch, claim_ms)
+            report.dead += examined - len(claimed)  # due ids without payload, buried by the script
             if claimed:
                 report.released += self._publish_batch(claimed, report)
-            if len(claimed) < batch:
+            if examined < batch:
                 return
 
     def _publish_batch(self, claimed: list[Claimed], report: TickReport) -> int:
@@ -89,15 +107,18 @@ class Releaser:
         pending = [call.id for call in claimed]
         try:
             with self.app.producer_or_acquire() as producer:
+                fatal = broker_errors(producer)
                 for call in claimed:
                     try:
-                        envelope = Envelope.decode(call.envelope)
-                    except EnvelopeError as exc:
-                        logger.error("redisdelay: dead-lettering call %s: %s", call.id, exc)
-                        self.store.bury(call.id, str(exc))
+                        publish(self.app, producer, Envelope.decode(call.envelope))
+                    except fatal:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
+                        reason = str(exc) if isinstance(exc, EnvelopeError) else f"cannot publish: {exc!r}"
+                        logger.error("redisdelay: dead-lettering call %s: %s", call.id, reason)
+                        self.store.bury(call.id, reason)
                         report.dead += 1
                     else:
-                        publish(self.app, producer, envelope)
                         published.append(call.id)
                     pending.pop(0)
         except Exception:

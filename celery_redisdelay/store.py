@@ -92,8 +92,14 @@ class CallStore:
         return int(self._run("park", [call_id, envelope, meta_json, mode, ms], f"park call {call_id}"))
 
     def claim(self, limit: int, claim_timeout_ms: int) -> list[Claimed]:
-        flat = self._run("claim", [limit, claim_timeout_ms], "claim due calls")
-        return [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        """Take up to ``limit`` due calls for publishing."""
+        return self.claim_batch(limit, claim_timeout_ms)[0]
+
+    def claim_batch(self, limit: int, claim_timeout_ms: int) -> tuple[list[Claimed], int]:
+        """Like :meth:`claim`, also returning how many due ids the script examined (claimed or buried)."""
+        examined, *flat = self._run("claim", [limit, claim_timeout_ms], "claim due calls")
+        calls = [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        return calls, int(examined)
 
     def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int) -> int:
         if not call_ids:

@@ -1,12 +1,13 @@
 -- claim.lua: take due calls for publishing. A claimed call is in flight with a short deadline,
 -- so a releaser that dies before publishing loses nothing: the sweep brings the call back.
 -- ARGV: 1 most calls to take, 2 claim timeout (ms)
--- Returns: {id, envelope, deliveries, id, envelope, deliveries, ...}.
--- A due id without an envelope is dead-lettered here and not returned.
+-- Returns: {examined, id, envelope, deliveries, id, envelope, deliveries, ...}: how many due ids the
+-- script looked at, then the claimed calls. A due id without an envelope is dead-lettered here and
+-- not returned, so fewer calls than examined ids does not mean the backlog is empty.
 local now = now_ms()
 local ids = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local deadline = now + tonumber(ARGV[2])
-local out = {}
+local out = {#ids}
 for _, id in ipairs(ids) do
     local meta = load_meta(id)
     local envelope = redis.call('HGET', PAYLOADS, id)

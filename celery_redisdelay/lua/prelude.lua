@@ -26,14 +26,15 @@ local function now_ms()
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Corrupt metadata must not stop a loop: it decodes to an empty table.
+-- Corrupt metadata must not stop a loop: it decodes to an empty table. (A table that cannot be
+-- encoded again, say a number out of range, would make save_meta fail the whole script.)
 local function load_meta(id)
     local raw = redis.call('HGET', META, id)
     if not raw then
         return {}
     end
     local ok, meta = pcall(cjson.decode, raw)
-    if ok and type(meta) == 'table' then
+    if ok and type(meta) == 'table' and pcall(cjson.encode, meta) then
         return meta
     end
     return {}
