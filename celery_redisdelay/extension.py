@@ -19,9 +19,9 @@ from .keys import Keyspace
 from .producer import ParkingProducer
 from .release import Releaser, TickReport
 from .schedule import Due
-from .settings import Settings
+from .settings import Settings, positive_setting
 from .store import CallStore, Entry, redis_errors
-from .task import DelayedTask
+from .task import ROUTING_OPTIONS, DelayedTask
 
 logger = logging.getLogger(__name__)
 
@@ -108,9 +108,9 @@ class RedisDelay:
 
     def _install_schedule(self, conf: Any) -> None:
         """Add the tick to ``beat_schedule``, keeping the user's entries (and theirs wins on a clash)."""
-        interval = conf.get("redisdelay_tick_interval") or 1.0
+        interval = float(positive_setting(conf, "redisdelay_tick_interval"))
         schedule = dict(conf.get("beat_schedule") or {})
-        schedule.setdefault(TICK_TASK, {"task": TICK_TASK, "schedule": float(interval)})
+        schedule.setdefault(TICK_TASK, {"task": TICK_TASK, "schedule": interval})
         conf["beat_schedule"] = schedule
 
     # -- the decorator -------------------------------------------------------------------------
@@ -125,10 +125,17 @@ class RedisDelay:
         """Make a Celery task whose calls wait in Redis: ``@rd.delayed`` or ``@rd.delayed(countdown=10, ...)``.
 
         Options: ``countdown`` (default seconds to wait), ``timeout`` (visibility timeout of a run),
-        ``max_deliveries``, and any option of ``app.task`` (``name``, ``queue``, ``bind``, ...).
+        ``max_deliveries``; ``queue``, ``routing_key``, ``exchange``, ``priority`` (the task's routing
+        defaults, which calls and ``task_routes`` can override); any other option of ``app.task``
+        (``name``, ``bind``, ``max_retries``, ...). Tasks are not shared with other apps.
         """
+        routing = {key: options.pop(key) for key in ROUTING_OPTIONS if key in options}
         task_options = {_OPTION_ATTRIBUTES.get(key, key): value for key, value in options.items()}
         task_options.setdefault("base", self.Task)
+        # A delayed task parks through this extension: it must not be copied into other apps.
+        task_options.setdefault("shared", False)
+        if routing:
+            task_options["routing_options"] = routing
         if not issubclass(task_options["base"], DelayedTask):
             raise RedisDelayError(f"base={task_options['base']!r} must be a subclass of DelayedTask")
 

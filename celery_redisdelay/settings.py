@@ -24,7 +24,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _positive(conf: Mapping[str, Any], name: str, *, integer: bool = False) -> Any:
+def positive_setting(conf: Mapping[str, Any], name: str, *, integer: bool = False) -> Any:
+    """The setting ``name`` (or its default), checked to be a positive number; ConfigurationError if not."""
     value = conf.get(name)
     if value is None:
         value = DEFAULTS[name]
@@ -66,12 +67,14 @@ class Settings:
         return cls(
             url=url,
             key_prefix=prefix,
-            tick_interval=float(_positive(conf, "redisdelay_tick_interval")),
-            visibility_timeout=float(_positive(conf, "redisdelay_visibility_timeout")),
-            queue_timeout=float(_positive({"redisdelay_queue_timeout": queue_timeout}, "redisdelay_queue_timeout")),
-            claim_timeout=float(_positive(conf, "redisdelay_claim_timeout")),
-            max_deliveries=int(_positive(conf, "redisdelay_max_deliveries", integer=True)),
-            release_batch=int(_positive(conf, "redisdelay_release_batch", integer=True)),
+            tick_interval=float(positive_setting(conf, "redisdelay_tick_interval")),
+            visibility_timeout=float(positive_setting(conf, "redisdelay_visibility_timeout")),
+            queue_timeout=float(
+                positive_setting({"redisdelay_queue_timeout": queue_timeout}, "redisdelay_queue_timeout")
+            ),
+            claim_timeout=float(positive_setting(conf, "redisdelay_claim_timeout")),
+            max_deliveries=int(positive_setting(conf, "redisdelay_max_deliveries", integer=True)),
+            release_batch=int(positive_setting(conf, "redisdelay_release_batch", integer=True)),
         )
 
 

@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from celery import Task
 from celery.result import AsyncResult
 from celery.utils import uuid
+from kombu.exceptions import OperationalError
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, StoreUnavailableError
 from .schedule import resolve_due, seconds
 
 if TYPE_CHECKING:
@@ -16,6 +17,9 @@ if TYPE_CHECKING:
 
 # Per-call options of ``apply_async`` that belong to celery-redisdelay, not to Celery.
 CALL_OPTIONS = ("visibility_timeout", "queue_timeout", "max_deliveries")
+# Routing given to ``@rd.delayed``: Celery 5.7 deprecates these as task attributes, so the task keeps
+# them apart and applies them to each call (below the call's own options, above ``task_routes``).
+ROUTING_OPTIONS = ("queue", "routing_key", "exchange", "priority")
 
 
 class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
@@ -35,6 +39,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     visibility_timeout: ClassVar[float | None] = None
     queue_timeout: ClassVar[float | None] = None
     max_deliveries: ClassVar[int | None] = None
+    routing_options: ClassVar[dict[str, Any]] = {}
 
     def apply_async(
         self,
@@ -52,6 +57,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if app.conf.task_always_eager:
             # Eager mode runs the call at once, as Celery does for any task.
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        for key, value in self.routing_options.items():
+            options.setdefault(key, value)
         due = resolve_due(
             options.pop("countdown", None),
             options.pop("eta", None),
@@ -60,7 +67,13 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         )
         task_id = task_id or uuid()
         with self.redisdelay.parking_producer(task_id, due, limits) as parking:
-            return super().apply_async(args, kwargs, task_id, parking, link, link_error, shadow, **options)
+            try:
+                return super().apply_async(args, kwargs, task_id, parking, link, link_error, shadow, **options)
+            except OperationalError as exc:
+                # Celery's send_task wraps connection errors in kombu's; the caller should see ours.
+                if isinstance(exc.__cause__, StoreUnavailableError):
+                    raise exc.__cause__ from exc.__cause__.__cause__
+                raise
 
     def _limits(self, overrides: dict[str, Any]) -> dict[str, Any]:
         """The per-call limits stored with the call: deliveries and timeouts in ms."""

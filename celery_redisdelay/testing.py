@@ -109,8 +109,8 @@ class RedisServer:
             "no",
             *self.extra_args,
         ]
-        log = open(Path(self.dir) / "redis.log", "wb")  # noqa: SIM115 - lives as long as the server
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(Path(self.dir) / "redis.log", "wb") as log:  # the server keeps its own descriptor
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
         try:
             wait_for(lambda: self._answers(client), 20, f"redis-server on port {self.port}")

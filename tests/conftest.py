@@ -41,9 +41,11 @@ def make_app(redis_server: RedisServer) -> Iterator[object]:
     def make(**conf: object) -> tuple[Celery, RedisDelay]:
         app = Celery(f"t{len(apps)}", broker=f"{redis_server.url}/0", set_as_current=False)
         app.conf.update(
-            redisdelay_key_prefix=f"test-{uuid.uuid4().hex[:8]}",
-            task_default_queue=f"queue-{uuid.uuid4().hex[:8]}",
-            **conf,
+            {
+                "redisdelay_key_prefix": f"test-{uuid.uuid4().hex[:8]}",
+                "task_default_queue": f"queue-{uuid.uuid4().hex[:8]}",
+                **conf,
+            }
         )
         apps.append(app)
         return app, RedisDelay(app)

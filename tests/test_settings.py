@@ -1,0 +1,317 @@
+"""The ``redisdelay_*`` settings: defaults, derived values, refused values, key names, namespaces."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import pytest
+import redis
+from celery import Celery
+from redis.crc import key_slot
+
+from celery_redisdelay import ConfigurationError, RedisDelay, RedisDelayError
+from celery_redisdelay.keys import Keyspace
+from celery_redisdelay.settings import DEFAULTS, Settings
+from celery_redisdelay.testing import RedisServer
+
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+
+
+BROKER = "redis://broker.example:6379/2"
+
+
+# -- defaults -----------------------------------------------------------------------------------
+
+
+def test_defaults_from_a_redis_broker_url() -> None:
+    settings = Settings.from_conf({"broker_url": BROKER})
+    assert settings == Settings(
+        url=BROKER,
+        key_prefix="redisdelay",
+        tick_interval=1.0,
+        visibility_timeout=3600.0,
+        queue_timeout=7200.0,
+        claim_timeout=float(DEFAULTS["redisdelay_claim_timeout"]),
+        max_deliveries=10,
+        release_batch=500,
+    )
+    assert settings.claim_timeout > 0
+    assert isinstance(settings.max_deliveries, int)
+    assert isinstance(settings.release_batch, int)
+
+
+def test_defaults_from_a_celery_app_conf() -> None:
+    app = Celery("settings-defaults", broker=BROKER, set_as_current=False)
+    try:
+        settings = Settings.from_conf(app.conf)
+    finally:
+        app.close()
+    assert settings.url == BROKER
+    assert (settings.key_prefix, settings.tick_interval, settings.visibility_timeout) == ("redisdelay", 1.0, 3600.0)
+    assert (settings.max_deliveries, settings.release_batch, settings.queue_timeout) == (10, 500, 7200.0)
+
+
+def test_the_extension_reads_its_settings_from_the_app(make_app: MakeApp, redis_server: RedisServer) -> None:
+    _, rd = make_app(
+        redisdelay_tick_interval=0.5,
+        redisdelay_visibility_timeout=120,
+        redisdelay_max_deliveries=3,
+        redisdelay_release_batch=50,
+    )
+    settings = rd.settings
+    assert settings.url == f"{redis_server.url}/0"
+    assert settings.key_prefix == rd.keys.prefix
+    assert settings.key_prefix.startswith("test-")
+    assert (settings.tick_interval, settings.visibility_timeout) == (0.5, 120.0)
+    assert (settings.max_deliveries, settings.release_batch) == (3, 50)
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["redis://localhost:6379/0", "rediss://user:pw@example:6380/1", "unix:///run/redis.sock?db=3"],
+)
+def test_redis_schemes_are_accepted(url: str) -> None:
+    assert Settings.from_conf({"broker_url": "amqp://", "redisdelay_url": url}).url == url
+    assert Settings.from_conf({"broker_url": url}).url == url
+
+
+def test_redisdelay_url_wins_over_the_broker() -> None:
+    conf = {"broker_url": BROKER, "redisdelay_url": "redis://store.example:6379/5"}
+    assert Settings.from_conf(conf).url == "redis://store.example:6379/5"
+
+
+def test_broker_failover_list_uses_its_first_url() -> None:
+    conf = {"broker_url": "redis://first.example:6379/0;redis://second.example:6379/0"}
+    assert Settings.from_conf(conf).url == "redis://first.example:6379/0"
+
+
+def test_broker_write_url_is_preferred_over_broker_url() -> None:
+    conf = {"broker_url": "amqp://guest@rabbit//", "broker_write_url": "redis://writer.example:6379/1"}
+    assert Settings.from_conf(conf).url == "redis://writer.example:6379/1"
+
+
+@pytest.mark.parametrize(
+    ("visibility_timeout", "queue_timeout"),
+    [(None, 7200.0), (100, 7200.0), (3600, 7200.0), (7200, 14400.0), (43200.5, 86401.0)],
+)
+def test_queue_timeout_outlasts_the_broker_visibility_timeout(
+    visibility_timeout: float | None, queue_timeout: float
+) -> None:
+    options = {} if visibility_timeout is None else {"visibility_timeout": visibility_timeout}
+    settings = Settings.from_conf({"broker_url": BROKER, "broker_transport_options": options})
+    assert settings.queue_timeout == queue_timeout
+    assert settings.queue_timeout == 2 * max(visibility_timeout or 3600, 3600)
+
+
+def test_explicit_queue_timeout_wins() -> None:
+    conf = {
+        "broker_url": BROKER,
+        "redisdelay_queue_timeout": 90,
+        "broker_transport_options": {"visibility_timeout": 1e6},
+    }
+    assert Settings.from_conf(conf).queue_timeout == 90.0
+
+
+def test_every_default_is_documented_in_defaults() -> None:
+    assert set(DEFAULTS) == {
+        "redisdelay_url",
+        "redisdelay_key_prefix",
+        "redisdelay_tick_interval",
+        "redisdelay_visibility_timeout",
+        "redisdelay_queue_timeout",
+        "redisdelay_claim_timeout",
+        "redisdelay_max_deliveries",
+        "redisdelay_release_batch",
+    }
+
+
+# -- refused values -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "conf",
+    [
+        pytest.param({"broker_url": "amqp://"}, id="amqp-broker"),
+        pytest.param({"broker_url": "amqp://", "broker_write_url": "sqs://"}, id="sqs-write-broker"),
+        pytest.param({"broker_url": None}, id="no-broker"),
+        pytest.param({}, id="empty-conf"),
+    ],
+)
+def test_a_non_redis_broker_without_redisdelay_url_is_refused(conf: dict[str, Any]) -> None:
+    with pytest.raises(ConfigurationError, match="redisdelay_url") as raised:
+        Settings.from_conf(conf)
+    assert isinstance(raised.value, RedisDelayError)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("redisdelay_url", "http://x"),
+        ("redisdelay_url", 6379),
+        ("redisdelay_tick_interval", 0),
+        ("redisdelay_tick_interval", -1),
+        ("redisdelay_tick_interval", "a"),
+        ("redisdelay_tick_interval", math.nan),
+        ("redisdelay_tick_interval", math.inf),
+        ("redisdelay_tick_interval", True),
+        ("redisdelay_release_batch", 1.5),
+        ("redisdelay_release_batch", 0),
+        ("redisdelay_max_deliveries", True),
+        ("redisdelay_max_deliveries", "10"),
+        ("redisdelay_max_deliveries", -1),
+        ("redisdelay_visibility_timeout", -5),
+        ("redisdelay_queue_timeout", 0),
+        ("redisdelay_claim_timeout", math.nan),
+        ("redisdelay_key_prefix", 5),
+    ],
+)
+def test_bad_settings_raise_configuration_error_naming_the_setting(setting: str, value: object) -> None:
+    with pytest.raises(ConfigurationError, match=setting) as raised:
+        Settings.from_conf({"broker_url": BROKER, setting: value})
+    assert isinstance(raised.value, RedisDelayError)
+    assert repr(value) in str(raised.value)
+
+
+def test_a_bad_setting_surfaces_through_the_extension(make_app: MakeApp) -> None:
+    _, rd = make_app(redisdelay_release_batch=1.5)
+    with pytest.raises(ConfigurationError, match="redisdelay_release_batch"):
+        _ = rd.settings
+
+
+def test_non_redis_broker_without_url_fails_when_the_extension_needs_redis() -> None:
+    app = Celery("settings-amqp", broker="amqp://guest@localhost//", set_as_current=False)
+    try:
+        rd = RedisDelay(app)  # binding the app needs no Redis yet
+        with pytest.raises(ConfigurationError, match="redisdelay_url"):
+            rd.ping()
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("interval", [-1, math.nan, 0])
+def test_a_bad_tick_interval_never_reaches_beat_schedule(make_app: MakeApp, interval: float) -> None:
+    app, _ = make_app(redisdelay_tick_interval=interval)
+    tick = app.conf.beat_schedule.get("redisdelay.tick")
+    assert tick is None, f"beat would run the tick every {tick['schedule']!r} s"
+
+
+# -- key names ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prefix", ["a{b", "a}b", "{tag}", "x{}y", ""])
+def test_a_prefix_with_braces_or_empty_is_refused(prefix: str) -> None:
+    with pytest.raises(ConfigurationError, match="redisdelay_key_prefix"):
+        Keyspace(prefix)
+
+
+def test_a_prefix_with_braces_is_refused_before_anything_is_stored(make_app: MakeApp, client: redis.Redis) -> None:
+    app, rd = make_app()
+    app.conf.redisdelay_key_prefix = "bad{tag}"  # make_app sets its own prefix; settings are read lazily
+
+    @rd.delayed(name="test_settings.braces", shared=False)
+    def braces(x: int) -> int:
+        return x
+
+    with pytest.raises(ConfigurationError, match="redisdelay_key_prefix"):
+        _ = rd.keys
+    with pytest.raises(ConfigurationError, match="redisdelay_key_prefix"):
+        braces.apply_async((1,), countdown=5)
+    assert list(client.scan_iter(match="*bad{tag}*")) == []
+    assert list(client.scan_iter(match=f"{app.conf.task_default_queue}*")) == []
+
+
+def test_store_keys_share_one_hash_tag() -> None:
+    keys = Keyspace("my-app")
+    assert keys.store_keys == [keys.delayed, keys.inflight, keys.dead, keys.payloads, keys.meta]
+    assert len(set(keys.store_keys)) == 5
+    assert all(key.startswith("{my-app}:") for key in keys.store_keys)
+    assert len({key_slot(key.encode()) for key in keys.store_keys}) == 1
+    assert key_slot(keys.delayed.encode()) == key_slot(b"my-app")
+
+
+def test_validation_keys_share_their_own_hash_tag() -> None:
+    keys = Keyspace("my-app")
+    run_keys = keys.validation_keys("run1")
+    assert len(set(run_keys)) == 2
+    assert all(key.startswith("{my-app:validate:run1}:") for key in run_keys)
+    assert len({key_slot(key.encode()) for key in run_keys}) == 1
+    assert not set(run_keys) & set(keys.store_keys)
+
+
+def test_prefixes_do_not_share_keys() -> None:
+    assert not set(Keyspace("a").store_keys) & set(Keyspace("b").store_keys)
+    assert not set(Keyspace("a").store_keys) & set(Keyspace("a:b").store_keys)
+
+
+def test_a_parked_call_creates_only_hash_tagged_keys(rd: RedisDelay) -> None:
+    @rd.delayed(name="test_settings.tagged", shared=False)
+    def tagged(x: int) -> int:
+        return x
+
+    prefix = rd.settings.key_prefix
+    tagged.apply_async((1,), countdown=30)
+    created = {key.decode() for key in rd.client.scan_iter(match=f"*{prefix}*")}
+    assert created == {f"{{{prefix}}}:delayed", f"{{{prefix}}}:payloads", f"{{{prefix}}}:meta"}
+    assert len({key_slot(key.encode()) for key in created}) == 1
+
+
+# -- Django-style namespace ---------------------------------------------------------------------
+
+
+def test_celery_namespace_settings_are_honoured(redis_server: RedisServer) -> None:
+    prefix = f"dj-{uuid.uuid4().hex[:8]}"
+    queue = f"dj-queue-{uuid.uuid4().hex[:8]}"
+
+    class DjangoSettings:
+        CELERY_BROKER_URL = f"{redis_server.url}/0"
+        CELERY_REDISDELAY_URL = f"{redis_server.url}/3"
+        CELERY_REDISDELAY_KEY_PREFIX = prefix
+        CELERY_REDISDELAY_TICK_INTERVAL = 4.0
+        CELERY_REDISDELAY_MAX_DELIVERIES = 7
+        CELERY_TASK_DEFAULT_QUEUE = queue
+
+    app = Celery("settings-django", set_as_current=False)
+    app.config_from_object(DjangoSettings, namespace="CELERY")
+    rd = RedisDelay(app)
+    store = redis.Redis.from_url(f"{redis_server.url}/3")
+    try:
+
+        @rd.delayed(name="test_settings.django", shared=False)
+        def django(x: int) -> int:
+            return x
+
+        settings = rd.settings
+        assert settings.url == f"{redis_server.url}/3"
+        assert settings.key_prefix == prefix
+        assert (settings.tick_interval, settings.max_deliveries) == (4.0, 7)
+        assert app.conf.beat_schedule["redisdelay.tick"] == {"task": "redisdelay.tick", "schedule": 4.0}
+
+        result = django.apply_async((1,), countdown=30)
+        entry = rd.find(result.id)
+        assert entry is not None
+        assert entry.meta["m"] == 7
+        assert store.zscore(f"{{{prefix}}}:delayed", result.id) == entry.score_ms  # in db 3, not the broker's db
+    finally:
+        store.delete(*Keyspace(prefix).store_keys)
+        store.close()
+        app.close()
+
+
+def test_celery_namespace_configured_after_the_extension(redis_server: RedisServer) -> None:
+    class DjangoSettings:
+        CELERY_BROKER_URL = f"{redis_server.url}/0"
+        CELERY_REDISDELAY_URL = f"{redis_server.url}/4"
+        CELERY_REDISDELAY_KEY_PREFIX = "dj-after"
+        CELERY_BEAT_SCHEDULE: ClassVar[dict[str, Any]] = {"mine": {"task": "someone.else", "schedule": 7.0}}
+
+    app = Celery("settings-django-after", set_as_current=False)
+    try:
+        rd = RedisDelay(app)
+        app.config_from_object(DjangoSettings, namespace="CELERY")
+        assert (rd.settings.url, rd.settings.key_prefix) == (f"{redis_server.url}/4", "dj-after")
+        assert set(app.conf.beat_schedule) == {"mine", "redisdelay.tick"}
+    finally:
+        app.close()
