@@ -67,3 +67,14 @@ def slow_once(self: Any, key: str, seconds: float) -> int:
 @app.task
 def plain_add(x: int, y: int) -> int:
     return x + y
+
+
+@rd.delayed(bind=True, timeout=1)
+def heartbeat(self: Any, key: str, seconds: float) -> int:
+    """Run for longer than the visibility timeout, touching the deadline as it goes."""
+    delivery = _marks.incr(key)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        self.touch(1)
+        time.sleep(0.2)
+    return int(delivery)

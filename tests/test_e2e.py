@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from celery_redisdelay import run_validation
-from celery_redisdelay.testing import wait_for
+from celery_redisdelay.testing import wait_for, worker
 
 from .conftest import Cluster
 
@@ -188,3 +188,45 @@ def test_cli_stats_and_cancel(proj: Any, cluster: Cluster) -> None:
     assert again.returncode != 0
     assert "not parked" in again.stderr
     assert proj.rd.find(parked.id) is None
+
+
+def test_touch_keeps_a_long_run_from_being_redelivered(proj: Any) -> None:
+    key = "heartbeat"
+    # Visibility timeout 1 s, a 4 s run: without touch() the sweep would deliver it again.
+    result = proj.heartbeat.apply_async((key, 4.0))
+    assert result.get(timeout=30) == 1
+    assert marks(proj).get(key) == b"1", "delivered once"
+
+
+def test_a_call_waiting_in_the_broker_queue_is_not_taken_for_lost(proj: Any, cluster: Cluster) -> None:
+    """kombu#337: a call that waits behind a backlog must not be delivered again meanwhile."""
+    key = "backlog"
+    result = proj.record.apply_async((key, "once"), queue="backlog", visibility_timeout=0.5, queue_timeout=600)
+    entry = wait_for(
+        lambda: (lambda e: e if e and e.meta.get("s") == "queued" else None)(proj.rd.find(result.id)),
+        15,
+        "the release into the unconsumed queue",
+    )
+    released_ms = entry.score_ms - 600_000
+    # Let several sweeps pass a moment well beyond the 0.5 s run timeout (by the Redis clock).
+    wait_for(lambda: proj.server_ms() > released_ms + 2_000, 10, "2 s of Redis time")
+    wait_for(lambda: int(proj.rd.tick()["requeued"]) == 0, 5, "a sweep that requeues nothing")
+    still = proj.rd.find(result.id)
+    assert still is not None
+    assert (still.state, still.meta["s"], still.meta["d"]) == ("inflight", "queued", 1)
+    backlog_worker = worker(
+        "tests.proj", concurrency=1, queues="backlog", env=cluster.env, cwd=cluster.env["PYTHONPATH"]
+    ).start()
+    try:
+        assert result.get(timeout=30) == "once"
+    finally:
+        backlog_worker.stop()
+        backlog_worker.remove_files()
+    assert [value for _, _, value in runs(proj, key)] == ["once"]
+
+
+def test_validate_task_runs_on_a_worker(proj: Any) -> None:
+    report = proj.app.tasks["redisdelay.validate"].delay(count=30, timeout=1.0, deadline=60).get(timeout=90)
+    assert report["ok"] is True
+    assert report["processed"] == 30
+    assert report["missing"] == []
