@@ -22,12 +22,11 @@ from .schedule import Due
 from .settings import Settings, positive_setting
 from .store import CallStore, Entry, redis_errors
 from .task import ROUTING_OPTIONS, DelayedTask
+from .validation import register_validation_tasks
 
 logger = logging.getLogger(__name__)
 
 TICK_TASK = "redisdelay.tick"
-VALIDATE_TASK = "redisdelay.validate"
-VALIDATE_CONSUMER_TASK = "redisdelay.validate_consumer"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -56,8 +55,6 @@ class RedisDelay:
             return self.tick()
 
         app.task(name=TICK_TASK, ignore_result=True, shared=False)(tick)
-        from .validation import register_validation_tasks
-
         register_validation_tasks(self)
         tracking.connect(self)
         if app.configured:

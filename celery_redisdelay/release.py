@@ -104,7 +104,7 @@ class Releaser:
 
     def _publish_batch(self, claimed: list[Claimed], report: TickReport) -> int:
         published: list[str] = []
-        pending = [call.id for call in claimed]
+        done = 0  # calls handled so far, published or buried
         try:
             with self.app.producer_or_acquire() as producer:
                 fatal = broker_errors(producer)
@@ -120,10 +120,11 @@ class Releaser:
                         report.dead += 1
                     else:
                         published.append(call.id)
-                    pending.pop(0)
+                    done += 1
         except Exception:
-            # The broker (or Redis) failed mid-batch: what was not published goes back now rather than
-            # after the claim timeout. If Redis itself is gone, the sweep returns them later.
+            # The broker (or Redis) failed at call number ``done``: it and the rest go back now rather
+            # than after the claim timeout. If Redis itself is gone, the sweep returns them later.
+            pending = [call.id for call in claimed[done:]]
             try:
                 self.store.unclaim(pending)
             except Exception:  # noqa: BLE001 - the original error is the one to report

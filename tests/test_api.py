@@ -36,10 +36,10 @@ from celery_redisdelay import (
     StoreUnavailableError,
 )
 from celery_redisdelay.envelope import Envelope
-from celery_redisdelay.extension import TICK_TASK, VALIDATE_TASK
+from celery_redisdelay.extension import TICK_TASK
 from celery_redisdelay.store import Entry
 from celery_redisdelay.testing import RedisServer
-from celery_redisdelay.validation import CONSUMER_TASK
+from celery_redisdelay.validation import CONSUMER_TASK, VALIDATE_TASK
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 
