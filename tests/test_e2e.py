@@ -133,31 +133,22 @@ def test_validation_survives_a_worker_killed_mid_run(proj: Any, cluster: Cluster
     assert not report.timed_out
 
 
-def test_cli_validate_prints_the_report_and_exits_zero(proj: Any, cluster: Cluster) -> None:
-    completed = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "tests.proj",
-            "redisdelay",
-            "validate",
-            "--count",
-            "100",
-            "--timeout",
-            "1",
-            "--deadline",
-            "120",
-            "--json",
-        ],
+def celery_cli(cluster: Cluster, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``celery -A tests.proj redisdelay ARGS`` as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.proj", "redisdelay", *args],
         env={**os.environ, **cluster.env},
         cwd=cluster.env["PYTHONPATH"],
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout,
         check=False,
     )
+
+
+def test_cli_validate_prints_the_report_and_exits_zero(proj: Any, cluster: Cluster) -> None:
+    args = ("validate", "--count", "100", "--timeout", "1", "--deadline", "120", "--json")
+    completed = celery_cli(cluster, *args, timeout=180)
     assert completed.returncode == 0, completed.stderr
     report = json.loads(completed.stdout)
     assert report["expected"] == 100
@@ -169,15 +160,7 @@ def test_cli_stats_and_cancel(proj: Any, cluster: Cluster) -> None:
     parked = proj.record.apply_async(("cli-cancel", 1), countdown=600)
 
     def celery(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "celery", "-A", "tests.proj", "redisdelay", *args],
-            env={**os.environ, **cluster.env},
-            cwd=cluster.env["PYTHONPATH"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return celery_cli(cluster, *args)
 
     stats = json.loads(celery("stats", "--json").stdout)
     assert stats["delayed"] >= 1
