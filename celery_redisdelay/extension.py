@@ -16,7 +16,7 @@ from . import tracking
 from .envelope import Envelope
 from .errors import PayloadError, RedisDelayError
 from .keys import Keyspace
-from .producer import ParkingProducer
+from .producer import ParkingProducer, accepted_content_types
 from .release import Releaser, TickReport
 from .schedule import Due
 from .settings import Settings, positive_setting
@@ -91,6 +91,10 @@ class RedisDelay:
         return CallStore(self.client, self.keys)
 
     @cached_property
+    def accepted_content_types(self) -> frozenset[str] | None:
+        return accepted_content_types(self.app.conf.accept_content)
+
+    @cached_property
     def releaser(self) -> Releaser:
         return Releaser(self.app, self.store, self.settings)
 
@@ -159,7 +163,7 @@ class RedisDelay:
             self.store.park(task_id, encoded, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms)
 
         with self.app.producer_or_acquire() as real:
-            yield ParkingProducer(real, task_id, park)
+            yield ParkingProducer(real, task_id, park, self.accepted_content_types)
 
     # -- operations ----------------------------------------------------------------------------
 

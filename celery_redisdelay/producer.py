@@ -14,7 +14,7 @@ from typing import Any
 from kombu import Exchange, Queue
 from kombu.compression import compress
 from kombu.exceptions import EncodeError
-from kombu.serialization import dumps
+from kombu.serialization import dumps, prepare_accept_content
 
 from .envelope import Envelope
 from .errors import PayloadError
@@ -24,13 +24,23 @@ from .errors import PayloadError
 _DROPPED_PROPERTIES = ("expiration", "mandatory", "immediate")
 
 
+def accepted_content_types(accept_content: Any) -> frozenset[str] | None:
+    """The content types named by an ``accept_content`` setting (names or MIME types), or None for any."""
+    if not accept_content:
+        return None
+    return frozenset(prepare_accept_content(accept_content))
+
+
 class ParkingProducer:
     """Stands in for a :class:`kombu.Producer` during one ``apply_async``."""
 
-    def __init__(self, real: Any, task_id: str, park: Callable[[Envelope], None]) -> None:
+    def __init__(
+        self, real: Any, task_id: str, park: Callable[[Envelope], None], accept: frozenset[str] | None = None
+    ) -> None:
         self._real = real
         self._task_id = task_id
         self._park = park
+        self._accept = accept  # content types workers accept (None: anything)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -70,6 +80,12 @@ class ParkingProducer:
                     f"cannot serialize the arguments of {task} with serializer {serializer!r}: {exc}; "
                     "pass arguments that serializer can encode (or change task_serializer), nothing was stored"
                 ) from exc
+            if self._accept is not None and content_type not in self._accept:
+                raise PayloadError(
+                    f"{task} would be serialized as {content_type!r} (serializer {serializer!r}), which the "
+                    f"app's accept_content does not allow, so no worker would run it; add it to accept_content "
+                    "or use an accepted serializer; nothing was stored"
+                )
         elif isinstance(body, str):
             content_encoding = content_encoding or "utf-8"
             data = body.encode(content_encoding)

@@ -717,3 +717,18 @@ def test_redis_server_closes_its_log_file() -> None:
         gc.collect()
     leaks = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert leaks == []
+
+
+def test_a_serializer_the_workers_do_not_accept_is_refused_at_park(make_app: MakeApp, default_queue: str) -> None:
+    _, rd = make_app(task_serializer="pickle", accept_content=["json"])
+
+    @rd.delayed(name="test_api.not_accepted", shared=False)
+    def not_accepted(x: int) -> int:
+        return x
+
+    task_id = f"bad-{uuid.uuid4()}"
+    with pytest.raises(PayloadError, match="accept_content"):
+        not_accepted.apply_async((1,), countdown=5, task_id=task_id)
+    assert rd.find(task_id) is None
+    accepted = not_accepted.apply_async((1,), countdown=5, serializer="json")
+    assert rd.find(accepted.id) is not None, "a call with an accepted serializer still parks"
