@@ -15,7 +15,8 @@ class ConfigurationError(RedisDelayError):
 
 
 class ScheduleError(RedisDelayError, ValueError):
-    """A countdown or eta that cannot be turned into a due time (NaN, infinite, negative, wrong type)."""
+    """A scheduling option of a call that cannot work: a countdown or eta that cannot be turned into a
+    due time (NaN, infinite, negative, wrong type), or a unique/debounce key that is not a string."""
 
 
 class PayloadError(RedisDelayError, EncodeError):  # type: ignore[misc]  # kombu is untyped
@@ -35,3 +36,15 @@ class Abandon(Ignore):  # type: ignore[misc]  # Celery is untyped
     The call stays in flight and the sweep delivers it again once its visibility timeout has passed,
     exactly as if the worker had died. The validation consumer uses it to fail deliveries on purpose.
     """
+
+
+class Deferred(Ignore):  # type: ignore[misc]  # Celery is untyped
+    """Ends a delivery whose lock was busy: the call is back in the delay set, waiting for the lock.
+
+    Raised by celery-redisdelay itself, not by task code; the delivery is not acknowledged and does
+    not count as a failed one.
+    """
+
+
+class LockTimeout(RedisDelayError, TimeoutError):
+    """``rd.lock(...)`` could not take the lock within its ``blocking_timeout``."""

@@ -13,15 +13,17 @@ import redis
 from celery import Celery, signals
 
 from . import tracking
+from .batch import BatchedTask, check_batch_options
 from .envelope import Envelope
-from .errors import PayloadError, RedisDelayError
+from .errors import PayloadError, RedisDelayError, ScheduleError
 from .keys import Keyspace
+from .locks import Lock
 from .producer import ParkingProducer, accepted_content_types
 from .release import Releaser, TickReport
-from .schedule import Due
+from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
 from .store import CallStore, Entry, redis_errors
-from .task import ROUTING_OPTIONS, DelayedTask
+from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
 from .validation import register_validation_tasks
 
 logger = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ class RedisDelay:
         _EXTENSIONS[app] = self
         self.app: Any = app
         self.Task: type[DelayedTask] = type("DelayedTask", (DelayedTask,), {"redisdelay": self})
+        self.BatchedTask: type[BatchedTask] = type("BatchedTask", (BatchedTask,), {"redisdelay": self})
 
         def tick() -> dict[str, int]:
             return self.tick()
@@ -126,33 +129,66 @@ class RedisDelay:
         """Make a Celery task whose calls wait in Redis: ``@rd.delayed`` or ``@rd.delayed(countdown=10, ...)``.
 
         Options: ``countdown`` (default seconds to wait), ``timeout`` (visibility timeout of a run),
-        ``max_deliveries``; ``queue``, ``routing_key``, ``exchange``, ``priority`` (the task's routing
-        defaults, which calls and ``task_routes`` can override); any other option of ``app.task``
-        (``name``, ``bind``, ``max_retries``, ...). Tasks are not shared with other apps.
+        ``max_deliveries``; ``lock``, ``lock_timeout``, ``lock_retry`` (a lock the call holds while it
+        runs, see :class:`DelayedTask`); ``queue``, ``routing_key``, ``exchange``, ``priority`` (the
+        task's routing defaults, which calls and ``task_routes`` can override); any other option of
+        ``app.task`` (``name``, ``bind``, ``max_retries``, ...). Tasks are not shared with other apps.
         """
+        decorate = self._decorator(self.Task, options)
+        return decorate(fun) if fun is not None else decorate
+
+    @overload
+    def batched(self, fun: F) -> BatchedTask: ...
+
+    @overload
+    def batched(
+        self, fun: None = None, *, size: int = 10, max_wait: float = 60.0, **options: Any
+    ) -> Callable[[F], BatchedTask]: ...
+
+    def batched(self, fun: F | None = None, *, size: int = 10, max_wait: float = 60.0, **options: Any) -> Any:
+        """Make a task called with a key and the items gathered under it: ``@rd.batched(size=10, max_wait=240)``.
+
+        ``task.add(key, item)`` gathers items per key; a group runs as one call ``task(key, items)``
+        when it holds ``size`` items or its first item has waited ``max_wait`` seconds. Other options
+        are those of :meth:`delayed` (``name``, ``queue``, ``timeout``, ...).
+        """
+        options.update(batch_size=size, batch_max_wait=max_wait)
+        decorate = self._decorator(self.BatchedTask, options)
+        return decorate(fun) if fun is not None else decorate
+
+    def _decorator(self, base: type[DelayedTask], options: dict[str, Any]) -> Callable[[F], Any]:
         routing = {key: options.pop(key) for key in ROUTING_OPTIONS if key in options}
         task_options = {_OPTION_ATTRIBUTES.get(key, key): value for key, value in options.items()}
-        task_options.setdefault("base", self.Task)
+        task_options.setdefault("base", base)
         # A delayed task parks through this extension: it must not be copied into other apps.
         task_options.setdefault("shared", False)
         if routing:
             task_options["routing_options"] = routing
-        if not issubclass(task_options["base"], DelayedTask):
-            raise RedisDelayError(f"base={task_options['base']!r} must be a subclass of DelayedTask")
+        if not issubclass(task_options["base"], base):
+            raise RedisDelayError(f"base={task_options['base']!r} must be a subclass of {base.__name__}")
 
-        def decorate(function: F) -> DelayedTask:
-            task: DelayedTask = self.app.task(**task_options)(function)
-            return task
+        def decorate(function: F) -> Any:
+            # Checked here: app.task may return a lazy proxy that builds the task class later.
+            check_lock_options(function, task_options)
+            if issubclass(task_options["base"], BatchedTask):
+                check_batch_options(function, task_options)
+            return self.app.task(**task_options)(function)
 
-        return decorate(fun) if fun is not None else decorate
+        return decorate
 
     # -- parking -------------------------------------------------------------------------------
 
     @contextmanager
-    def parking_producer(self, task_id: str, due: Due, meta: dict[str, Any]) -> Iterator[ParkingProducer]:
-        """A producer for Celery's ``send_task`` that parks the message under ``task_id``."""
+    def parking_producer(
+        self, task_id: str, due: Due, meta: dict[str, Any], mode: str = "", key: str = ""
+    ) -> Iterator[ParkingProducer]:
+        """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
 
-        def park(envelope: Envelope) -> None:
+        ``mode`` ``unique`` or ``debounce`` parks it under ``key`` (see :meth:`CallStore.park_keyed`);
+        the producer's ``outcome`` then tells what the store did.
+        """
+
+        def park(envelope: Envelope) -> tuple[int, str]:
             try:
                 encoded = envelope.encode()
             except (TypeError, ValueError) as exc:
@@ -160,7 +196,10 @@ class RedisDelay:
                     f"cannot store the message of {envelope.task}: its headers or options are not "
                     f"JSON-serializable ({exc}); nothing was stored"
                 ) from exc
-            self.store.park(task_id, encoded, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms)
+            status, _, holder = self.store.park_keyed(
+                task_id, encoded, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
+            )
+            return status, holder
 
         with self.app.producer_or_acquire() as real:
             yield ParkingProducer(real, task_id, park, self.accepted_content_types)
@@ -171,6 +210,22 @@ class RedisDelay:
         """Drop a call that is still parked; False when it was already released, finished or unknown."""
         return self.store.cancel(task_id)
 
+    def reschedule(self, task_id: str, *, countdown: float | None = None, eta: Any = None) -> bool:
+        """Move a parked call to ``countdown`` seconds from now or to ``eta``; False when it is no longer parked."""
+        if countdown is None and eta is None:
+            raise ScheduleError("reschedule needs countdown or eta")
+        due = resolve_due(countdown, eta, timezone=self.app.conf.timezone)
+        return self.store.reschedule(task_id, countdown_ms=due.countdown_ms, due_ms=due.at_ms) is not None
+
+    def lock(self, name: str, timeout: float = 60.0, blocking_timeout: float | None = None) -> Lock:
+        """The lock ``name`` for code outside tasks: ``with rd.lock("order:42", timeout=60): ...``.
+
+        It is the same lock tasks declared with ``lock=`` take, expiring ``timeout`` seconds after it
+        is taken; ``with`` waits up to ``blocking_timeout`` seconds (None: as long as it takes) and
+        raises :class:`LockTimeout` after that. Releasing it wakes the first call deferred behind it.
+        """
+        return Lock(self.store, name, timeout, blocking_timeout)
+
     def requeue(self, task_id: str) -> bool:
         """Give a dead-lettered call a fresh start, due now; False when it is not dead-lettered."""
         status = self.store.requeue(task_id)
@@ -179,7 +234,8 @@ class RedisDelay:
         return status == 1
 
     def stats(self) -> dict[str, int]:
-        """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``."""
+        """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``,
+        and the open batch groups (``batch_groups``) and the items waiting in them (``batch_items``)."""
         return self.store.stats()
 
     def find(self, task_id: str) -> Entry | None:

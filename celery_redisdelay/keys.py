@@ -1,11 +1,13 @@
 """Names of the Redis keys, built in one place.
 
 All keys of the call store share one hash tag (``{prefix}``), so every script runs on one
-Redis Cluster slot. Validation runs use their own hash tag, one per run.
+Redis Cluster slot: the eight fixed keys, and the per-name keys of batch groups and locks. Validation
+runs use their own hash tag, one per run.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
@@ -48,11 +50,52 @@ class Keyspace:
         return self._key("meta")
 
     @property
+    def index(self) -> str:
+        return self._key("index")
+
+    @property
+    def batches(self) -> str:
+        return self._key("batches")
+
+    @property
+    def counters(self) -> str:
+        return self._key("counters")
+
+    @property
     def store_keys(self) -> list[str]:
-        """The five keys every store script receives, in the order the scripts expect."""
-        return [self.delayed, self.inflight, self.dead, self.payloads, self.meta]
+        """The eight keys every store script receives, in the order the scripts expect."""
+        return [
+            self.delayed,
+            self.inflight,
+            self.dead,
+            self.payloads,
+            self.meta,
+            self.index,
+            self.batches,
+            self.counters,
+        ]
+
+    def batch_items(self, group: str) -> str:
+        """The list of items waiting in one batch group (see :func:`group_id`)."""
+        return self._key(f"batch:{group}")
+
+    def lock(self, name: str) -> str:
+        return self._key(f"lock:{name}")
+
+    def lock_waiters(self, name: str) -> str:
+        """The calls deferred because the lock was busy, by the time they first found it busy."""
+        return self._key(f"lock-waiters:{name}")
+
+    def lock_wake(self, name: str) -> str:
+        """A one-item list pushed on release, which blocking waiters outside tasks wait on."""
+        return self._key(f"lock-wake:{name}")
 
     def validation_keys(self, run_id: str) -> list[str]:
         """The keys of one validation run: processed counts per message, and run counters."""
         tag = f"{{{self.prefix}:validate:{run_id}}}"
         return [f"{tag}:processed", f"{tag}:counters"]
+
+
+def group_id(task: str, key: str) -> str:
+    """The name of a task's batch group or unique key: a JSON array, unambiguous whatever ``key`` holds."""
+    return json.dumps([task, key], separators=(",", ":"))

@@ -35,12 +35,18 @@ class ParkingProducer:
     """Stands in for a :class:`kombu.Producer` during one ``apply_async``."""
 
     def __init__(
-        self, real: Any, task_id: str, park: Callable[[Envelope], None], accept: frozenset[str] | None = None
+        self,
+        real: Any,
+        task_id: str,
+        park: Callable[[Envelope], tuple[int, str]],
+        accept: frozenset[str] | None = None,
     ) -> None:
         self._real = real
         self._task_id = task_id
         self._park = park
         self._accept = accept  # content types workers accept (None: anything)
+        #: What the park script answered: (status, id of the call parked or kept).
+        self.outcome: tuple[int, str] = (0, task_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -48,7 +54,7 @@ class ParkingProducer:
     def publish(self, body: Any, **kwargs: Any) -> None:
         headers = kwargs.get("headers") or {}
         if headers.get("id") == self._task_id:
-            self._park(self.envelope(body, **kwargs))
+            self.outcome = self._park(self.envelope(body, **kwargs))
         else:
             self._real.publish(body, **kwargs)
 

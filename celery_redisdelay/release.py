@@ -13,10 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
+from celery.utils import uuid
 from kombu.exceptions import OperationalError
+from kombu.utils import json
 
+from .batch import BatchCall, BatchedTask
 from .envelope import Envelope, EnvelopeError
 from .errors import RedisDelayError
+from .task import DelayedTask
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -28,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 #: How long one tick may keep releasing before it leaves the rest to the next tick.
 TICK_BUDGET_SECONDS = 10.0
+#: Most items one flush takes from a group whose task this app does not know.
+UNKNOWN_GROUP_SIZE = 1000
 
 
 @dataclass
@@ -37,9 +43,10 @@ class TickReport:
     released: int = 0
     requeued: int = 0
     dead: int = 0
+    batches: int = 0
 
     def as_dict(self) -> dict[str, int]:
-        return {"released": self.released, "requeued": self.requeued, "dead": self.dead}
+        return {"released": self.released, "requeued": self.requeued, "dead": self.dead, "batches": self.batches}
 
 
 def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
@@ -59,6 +66,15 @@ def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
         retry_policy=envelope.retry_policy,
         **envelope.properties,
     )
+
+
+def publish_call(app: Celery, producer: Any, call_id: str, payload: bytes) -> None:
+    """Publish one stored call: an envelope as it is, a flushed batch as the task's message."""
+    batch = BatchCall.decode(payload)
+    if batch is not None:
+        batch.publish(app, producer, call_id)
+    else:
+        publish(app, producer, Envelope.decode(payload))
 
 
 def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:
@@ -110,7 +126,7 @@ class Releaser:
                 fatal = broker_errors(producer)
                 for call in claimed:
                     try:
-                        publish(self.app, producer, Envelope.decode(call.envelope))
+                        publish_call(self.app, producer, call.id, call.envelope)
                     except fatal:
                         raise
                     except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
@@ -135,10 +151,37 @@ class Releaser:
                 self.store.confirm(published, round(self.settings.queue_timeout * 1000))
         return len(published)
 
+    def flush_batches(self, report: TickReport, deadline: float) -> None:
+        """Turn batch groups whose first item has waited their max wait into calls, due now."""
+        batch = self.settings.release_batch
+        while time.monotonic() < deadline:
+            groups = self.store.due_groups(batch)
+            for group in groups:
+                size, meta = self._group_limits(group)
+                if self.store.batch_flush(group, size, uuid(), meta):
+                    report.batches += 1
+            if len(groups) < batch:
+                return
+
+    def _group_limits(self, group: str) -> tuple[int, dict[str, Any]]:
+        """The size and call limits of a group's task; defaults when this app does not know the task
+        (the flushed call is then dead-lettered at release, saying so, with its items kept)."""
+        try:
+            name = json.loads(group)[0]
+        except (ValueError, TypeError, KeyError, IndexError):
+            name = None
+        task = self.app.tasks.get(name) if isinstance(name, str) else None
+        if isinstance(task, BatchedTask):
+            return task.batch_size, task.call_limits()
+        if isinstance(task, DelayedTask):
+            return UNKNOWN_GROUP_SIZE, task.call_limits()
+        return UNKNOWN_GROUP_SIZE, {"t": name if isinstance(name, str) else "?"}
+
     def tick(self, budget: float = TICK_BUDGET_SECONDS) -> TickReport:
-        """Sweep, then release, within ``budget`` seconds."""
+        """Sweep, flush due batch groups, then release, within ``budget`` seconds."""
         report = TickReport()
         deadline = time.monotonic() + budget
         self.sweep(report, deadline)
+        self.flush_batches(report, deadline)
         self.release(report, deadline)
         return report

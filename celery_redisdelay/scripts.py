@@ -24,8 +24,13 @@ STORE_SCRIPTS = (
     "bury",
     "cancel",
     "requeue",
+    "reschedule",
+    "batch_add",
+    "batch_flush",
+    "lock_take",
+    "lock_release",
 )
-STANDALONE_SCRIPTS = ("validate_consume",)
+STANDALONE_SCRIPTS = ("validate_consume", "lock_extend")
 
 
 @cache

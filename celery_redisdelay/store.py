@@ -26,6 +26,9 @@ from .scripts import Scripts
 
 STATES = ("delayed", "inflight", "dead")
 
+#: ``park_keyed`` statuses.
+STORED, KEPT, CONFLICT = 1, 0, -1
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -71,9 +74,9 @@ class CallStore:
         self._scripts = Scripts(client)
         self._keys = keys.store_keys
 
-    def _run(self, name: str, args: Sequence[Any], action: str) -> Any:
+    def _run(self, name: str, args: Sequence[Any], action: str, extra_keys: Sequence[str] = ()) -> Any:
         with redis_errors(action):
-            return self._scripts[name](keys=self._keys, args=list(args))
+            return self._scripts[name](keys=[*self._keys, *extra_keys], args=list(args))
 
     def park(
         self,
@@ -85,11 +88,47 @@ class CallStore:
         due_ms: int | None = None,
     ) -> int:
         """Store a call; due ``countdown_ms`` from now by the Redis clock, or at ``due_ms``."""
-        mode, ms = ("in", countdown_ms) if countdown_ms is not None else ("at", due_ms)
-        if ms is None:
-            raise ValueError("park() needs countdown_ms or due_ms")
-        meta_json = json.dumps({**meta, "d": 0, "s": "delayed"}, separators=(",", ":"))
-        return int(self._run("park", [call_id, envelope, meta_json, mode, ms], f"park call {call_id}"))
+        return self.park_keyed(call_id, envelope, meta, countdown_ms=countdown_ms, due_ms=due_ms)[1]
+
+    def park_keyed(
+        self,
+        call_id: str,
+        envelope: bytes,
+        meta: dict[str, Any],
+        *,
+        countdown_ms: int | None = None,
+        due_ms: int | None = None,
+        mode: str = "",
+        key: str = "",
+    ) -> tuple[int, int, str]:
+        """Park a call, optionally under a unique or debounce key (``mode``): (status, due, id).
+
+        Status :data:`STORED`: stored under ``call_id``. :data:`KEPT` (unique): the call parked under
+        ``key`` stays, nothing was stored, its id is returned. :data:`CONFLICT` (debounce): ``key`` is
+        held by the returned id (or by none, when ``call_id`` was used before): park again with that id.
+        """
+        when = due_args(countdown_ms, due_ms)
+        fields = {**meta, "d": 0, "s": "delayed"}
+        if mode:
+            fields["k"] = key
+        meta_json = json.dumps(fields, separators=(",", ":"))
+        status, due, holder = self._run(
+            "park", [call_id, envelope, meta_json, *when, mode, key], f"park call {call_id}"
+        )
+        return int(status), int(due), text(holder)
+
+    def holder(self, key: str) -> str | None:
+        """The id of the parked call holding a unique/debounce key (a hint: it may change at once)."""
+        with redis_errors("look up a unique key"):
+            call_id = self.client.hget(self.keys.index, key)
+            if call_id is None or self.client.zscore(self.keys.delayed, call_id) is None:
+                return None
+        return text(call_id)
+
+    def reschedule(self, call_id: str, *, countdown_ms: int | None = None, due_ms: int | None = None) -> int | None:
+        """Move a parked call to a new due time; the new due time, or None when it is not parked."""
+        due = int(self._run("reschedule", [call_id, *due_args(countdown_ms, due_ms)], f"reschedule call {call_id}"))
+        return None if due < 0 else due
 
     def claim(self, limit: int, claim_timeout_ms: int) -> list[Claimed]:
         """Take up to ``limit`` due calls for publishing."""
@@ -133,15 +172,87 @@ class CallStore:
     def requeue(self, call_id: str) -> int:
         return int(self._run("requeue", [call_id], f"requeue call {call_id}"))
 
+    # -- batches ----------------------------------------------------------------------------------
+
+    def batch_add(
+        self, group: str, item: str, size: int, max_wait_ms: int, call_id: str, meta: dict[str, Any]
+    ) -> tuple[int, str | None]:
+        """Add an item to a group: (items now waiting, id of the call this add released or None)."""
+        meta_json = json.dumps({**meta, "d": 0, "s": "delayed"}, separators=(",", ":"))
+        waiting, released = self._run(
+            "batch_add",
+            [group, item, size, max_wait_ms, call_id, meta_json],
+            f"add an item to batch group {group}",
+            [self.keys.batch_items(group)],
+        )
+        return int(waiting), text(released) or None
+
+    def due_groups(self, limit: int) -> list[str]:
+        """Batch groups whose first item has waited their max wait, by the Redis clock."""
+        with redis_errors("list due batch groups"):
+            seconds, micros = self.client.time()
+            groups: Any = self.client.zrangebyscore(
+                self.keys.batches, "-inf", seconds * 1000 + micros // 1000, start=0, num=limit
+            )
+        return [text(group) for group in groups]
+
+    def batch_flush(self, group: str, size: int, call_id: str, meta: dict[str, Any]) -> int:
+        """Flush a due group into one call; how many items it took (0: not due or flushed already)."""
+        meta_json = json.dumps({**meta, "d": 0, "s": "delayed"}, separators=(",", ":"))
+        return int(
+            self._run(
+                "batch_flush",
+                [group, size, call_id, meta_json],
+                f"flush batch group {group}",
+                [self.keys.batch_items(group)],
+            )
+        )
+
+    # -- locks ----------------------------------------------------------------------------------
+
+    def lock_take(self, name: str, token: str, ttl_ms: int, call_id: str = "", retry_ms: int = 0) -> tuple[int, int]:
+        """Take a lock, or defer ``call_id`` behind it: (1 taken | 0 busy | -1 busy and call untracked, ms left)."""
+        status, remaining = self._run(
+            "lock_take",
+            [token, ttl_ms, call_id, retry_ms],
+            f"take lock {name}",
+            [self.keys.lock(name), self.keys.lock_waiters(name)],
+        )
+        return int(status), int(remaining)
+
+    def lock_release(self, name: str, token: str) -> bool:
+        """Release a lock held by ``token`` and wake its first waiter; False when the token lost it."""
+        return bool(
+            self._run(
+                "lock_release",
+                [token],
+                f"release lock {name}",
+                [self.keys.lock(name), self.keys.lock_waiters(name), self.keys.lock_wake(name)],
+            )
+        )
+
+    def lock_extend(self, name: str, token: str, ttl_ms: int) -> bool:
+        with redis_errors(f"extend lock {name}"):
+            return bool(self._scripts["lock_extend"](keys=[self.keys.lock(name)], args=[token, ttl_ms]))
+
+    def lock_wait(self, name: str, timeout: float) -> None:
+        """Block up to ``timeout`` seconds for a release of the lock (no polling)."""
+        with redis_errors(f"wait for lock {name}"):
+            self.client.blpop([self.keys.lock_wake(name)], timeout=timeout)
+
+    # -- reading ----------------------------------------------------------------------------------
+
     def stats(self) -> dict[str, int]:
-        """Counts per state, and how many delayed calls are already due (overdue)."""
+        """Counts per state, how many delayed calls are already due (overdue), and batch groups and items."""
         with redis_errors("read the store's counts"):
             pipe = self.client.pipeline(transaction=False)
             pipe.zcard(self.keys.delayed)
             pipe.zcard(self.keys.inflight)
             pipe.zcard(self.keys.dead)
+            pipe.zcard(self.keys.batches)
+            pipe.hget(self.keys.counters, "batch_items")
             pipe.time()
-            delayed, inflight, dead, (seconds, micros) = pipe.execute()
+            delayed, inflight, dead, groups, items, (seconds, micros) = pipe.execute()
             now_ms = seconds * 1000 + micros // 1000
             overdue = self.client.zcount(self.keys.delayed, "-inf", now_ms)
             expired = self.client.zcount(self.keys.inflight, "-inf", now_ms)
@@ -151,6 +262,8 @@ class CallStore:
             "dead": dead,
             "due": overdue,
             "inflight_expired": expired,
+            "batch_groups": groups,
+            "batch_items": int(items or 0),
         }
 
     def find(self, call_id: str) -> Entry | None:
@@ -178,6 +291,15 @@ class CallStore:
             Entry(call_id, state, score, _decode_meta(meta), None)
             for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
         ]
+
+
+def due_args(countdown_ms: int | None, due_ms: int | None) -> tuple[str, int]:
+    """The (mode, ms) arguments of the scripts that schedule: ``in`` a countdown, or ``at`` a due time."""
+    if countdown_ms is not None:
+        return "in", countdown_ms
+    if due_ms is not None:
+        return "at", due_ms
+    raise ValueError("give countdown_ms or due_ms")
 
 
 def _decode_meta(raw: bytes | None) -> dict[str, Any]:

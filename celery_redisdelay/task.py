@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
+import string
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery import Task
@@ -9,17 +12,57 @@ from celery.result import AsyncResult
 from celery.utils import uuid
 from kombu.exceptions import OperationalError
 
-from .errors import ConfigurationError, StoreUnavailableError
+from .errors import Abandon, ConfigurationError, Deferred, RedisDelayError, ScheduleError, StoreUnavailableError
+from .keys import group_id
 from .schedule import resolve_due, seconds
+from .store import CONFLICT
 
 if TYPE_CHECKING:
     from .extension import RedisDelay
 
+logger = logging.getLogger(__name__)
+
 # Per-call options of ``apply_async`` that belong to celery-redisdelay, not to Celery.
 CALL_OPTIONS = ("visibility_timeout", "queue_timeout", "max_deliveries")
+KEY_OPTIONS = ("unique_key", "debounce_key")
+# A debounced park that keeps losing the race for its key (each loss means another producer parked
+# or released a call under it in between) gives up after this many attempts.
+DEBOUNCE_ATTEMPTS = 8
 # Routing given to ``@rd.delayed``: Celery 5.7 deprecates these as task attributes, so the task keeps
 # them apart and applies them to each call (below the call's own options, above ``task_routes``).
 ROUTING_OPTIONS = ("queue", "routing_key", "exchange", "priority")
+
+
+def check_lock_options(function: Any, options: dict[str, Any]) -> None:
+    """Refuse, at decoration, lock options that cannot work: a template naming something that is
+    not an argument of the task, a malformed template, a timeout that is not a duration."""
+    template = options.get("lock")
+    if template is None:
+        return
+    name = options.get("name") or getattr(function, "__name__", "?")
+    if not isinstance(template, str) or not template:
+        raise ConfigurationError(f"lock of {name} must be a non-empty string template, not {template!r}")
+    for option in ("lock_timeout", "lock_retry"):
+        if option in options:
+            try:
+                if seconds(options[option], option) <= 0:
+                    raise ScheduleError(f"{option} must be more than 0 seconds")
+            except ScheduleError as exc:
+                raise ConfigurationError(f"{name}: {exc}") from exc
+    parameters = list(inspect.signature(function).parameters)
+    if options.get("bind"):
+        parameters = parameters[1:]
+    try:
+        fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
+    except ValueError as exc:
+        raise ConfigurationError(f"lock template {template!r} of {name} is malformed: {exc}") from exc
+    for field in fields:
+        root = field.split(".", 1)[0].split("[", 1)[0]
+        if root not in parameters:
+            raise ConfigurationError(
+                f"lock template {template!r} of {name} refers to {{{field}}}, which is not an argument of "
+                f"the task (arguments: {', '.join(parameters) or 'none'}); name arguments, as in 'order:{{order_id}}'"
+            )
 
 
 class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
@@ -32,6 +75,9 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
       (``None``: the ``redisdelay_visibility_timeout`` setting).
     - ``max_deliveries``: deliveries without acknowledgement before the call is dead-lettered
       (``None``: the ``redisdelay_max_deliveries`` setting).
+    - ``lock``: a template formatted with the call's arguments (``"order:{order_id}"``) naming a lock
+      the call holds while it runs; ``lock_timeout`` is the lock's expiry and ``lock_retry`` the
+      longest a deferred call waits before trying again (the holder's release wakes it sooner).
     """
 
     redisdelay: ClassVar[RedisDelay]
@@ -40,6 +86,9 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     queue_timeout: ClassVar[float | None] = None
     max_deliveries: ClassVar[int | None] = None
     routing_options: ClassVar[dict[str, Any]] = {}
+    lock: ClassVar[str | None] = None
+    lock_timeout: ClassVar[float] = 60.0
+    lock_retry: ClassVar[float] = 5.0
 
     def apply_async(
         self,
@@ -53,27 +102,66 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         **options: Any,
     ) -> AsyncResult:
         limits = self._limits({name: options.pop(name, None) for name in CALL_OPTIONS})
+        mode, key = self._key_option({name: options.pop(name, None) for name in KEY_OPTIONS})
         app = self._get_app()
+        if self.lock is not None:
+            self.lock_name(args or (), kwargs or {})  # a template the arguments cannot fill fails here
         if app.conf.task_always_eager:
             # Eager mode runs the call at once, as Celery does for any task.
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        for key, value in self.routing_options.items():
-            options.setdefault(key, value)
+        for name, value in self.routing_options.items():
+            options.setdefault(name, value)
         due = resolve_due(
             options.pop("countdown", None),
             options.pop("eta", None),
             default_countdown=self.default_countdown,
             timezone=app.conf.timezone,
         )
-        task_id = task_id or uuid()
-        with self.redisdelay.parking_producer(task_id, due, limits) as parking:
-            try:
-                return super().apply_async(args, kwargs, task_id, parking, link, link_error, shadow, **options)
-            except OperationalError as exc:
-                # Celery's send_task wraps connection errors in kombu's; the caller should see ours.
-                if isinstance(exc.__cause__, StoreUnavailableError):
-                    raise exc.__cause__ from exc.__cause__.__cause__
-                raise
+
+        def send(call_id: str) -> tuple[int, str]:
+            with self.redisdelay.parking_producer(call_id, due, limits, mode, key) as parking:
+                try:
+                    super(DelayedTask, self).apply_async(
+                        args, kwargs, call_id, parking, link, link_error, shadow, **options
+                    )
+                except OperationalError as exc:
+                    # Celery's send_task wraps connection errors in kombu's; the caller should see ours.
+                    if isinstance(exc.__cause__, StoreUnavailableError):
+                        raise exc.__cause__ from exc.__cause__.__cause__
+                    raise
+                return parking.outcome
+
+        store = self.redisdelay.store
+        if mode == "unique":
+            holder = store.holder(key)
+            if holder is None:
+                holder = send(task_id or uuid())[1]
+            return self.AsyncResult(holder)
+        if mode == "debounce":
+            # The replacing call takes the id of the call it replaces, so its message is built with it.
+            candidate = store.holder(key) or task_id or uuid()
+            for _ in range(DEBOUNCE_ATTEMPTS):
+                status, holder = send(candidate)
+                if status != CONFLICT:
+                    return self.AsyncResult(holder)
+                candidate = holder or uuid()
+            raise RedisDelayError(
+                f"could not park {self.name} under debounce key {key!r}: other producers kept changing it "
+                f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
+            )
+        return self.AsyncResult(send(task_id or uuid())[1])
+
+    def _key_option(self, given: dict[str, Any]) -> tuple[str, str]:
+        """(mode, index key) of a call's ``unique_key`` / ``debounce_key``; ('', '') for neither."""
+        chosen = [(name, value) for name, value in given.items() if value is not None]
+        if not chosen:
+            return "", ""
+        if len(chosen) > 1:
+            raise ScheduleError("give unique_key or debounce_key, not both")
+        [(name, value)] = chosen
+        if not isinstance(value, str) or not value:
+            raise ScheduleError(f"{name} must be a non-empty string, not {value!r}")
+        return name.removesuffix("_key"), group_id(self.name, value)
 
     def _limits(self, overrides: dict[str, Any]) -> dict[str, Any]:
         """The per-call limits stored with the call: deliveries and timeouts in ms."""
@@ -91,6 +179,65 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             "r": round(seconds(run, "visibility_timeout") * 1000),
             "q": round(seconds(queue, "queue_timeout") * 1000),
         }
+
+    # -- the lock a call holds while it runs ---------------------------------------------------------
+
+    def lock_name(self, args: Any, kwargs: Any) -> str:
+        """The name of the lock this call holds: the ``lock`` template filled with the call's arguments."""
+        assert self.lock is not None
+        try:
+            bound = inspect.signature(self.run).bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}() called with arguments that do not fit its signature: {exc}") from exc
+        bound.apply_defaults()
+        try:
+            return self.lock.format(**bound.arguments)
+        except (KeyError, IndexError, AttributeError, ValueError) as exc:
+            raise ConfigurationError(
+                f"lock template {self.lock!r} of {self.name} cannot be filled from the call's arguments: {exc!r}"
+            ) from exc
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.lock is None:
+            return super().__call__(*args, **kwargs)
+        rd = self.redisdelay
+        name = self.lock_name(args, kwargs)
+        ttl = round(seconds(self.lock_timeout, "lock_timeout") * 1000)
+        request = self.request
+        if request.id is None or request.is_eager or request.called_directly:
+            # Outside a worker delivery there is nothing to defer: wait for the lock instead.
+            with rd.lock(name, timeout=self.lock_timeout):
+                return super().__call__(*args, **kwargs)
+        token = uuid()
+        retry_ms = round(seconds(self.lock_retry, "lock_retry") * 1000)
+        try:
+            status, _ = rd.store.lock_take(name, token, ttl, request.id, retry_ms)
+        except StoreUnavailableError as exc:
+            raise Abandon(f"cannot take lock {name}: {exc}") from exc  # the sweep delivers it again
+        if status == 0:
+            raise Deferred(f"lock {name} is busy; the call waits for it in the delay set")
+        if status < 0:
+            # Not a call of our store (sent by name, or already acknowledged): retry through the delay store.
+            raise self.retry(countdown=self.lock_retry, max_retries=None)
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            try:
+                released = rd.store.lock_release(name, token)
+            except StoreUnavailableError as exc:
+                logger.warning("redisdelay: could not release lock %s (it expires by itself): %s", name, exc)
+            else:
+                if not released:
+                    logger.warning(
+                        "redisdelay: lock %s expired while %s[%s] ran; raise lock_timeout above the task's run time",
+                        name,
+                        self.name,
+                        request.id,
+                    )
+
+    def call_limits(self) -> dict[str, Any]:
+        """The task's own limits, as stored with a call that gives none of its own."""
+        return self._limits(dict.fromkeys(CALL_OPTIONS))
 
     def touch(self, timeout: float | None = None) -> bool:
         """Extend the running call's deadline to ``timeout`` seconds from now (a heartbeat).

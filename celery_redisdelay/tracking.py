@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from celery import signals
 from celery.states import IGNORED, REJECTED, RETRY
 
-from .errors import Abandon, RedisDelayError
+from .errors import Abandon, Deferred, RedisDelayError
 
 if TYPE_CHECKING:
     from .extension import RedisDelay
@@ -28,7 +28,7 @@ def finishes_call(state: str, retval: Any) -> bool:
     if state == RETRY:
         return False  # the retry parked the call again under the same id
     if state == IGNORED:
-        return not isinstance(retval, Abandon)
+        return not isinstance(retval, (Abandon, Deferred))  # still in flight / parked behind a lock
     if state == REJECTED:
         return not getattr(retval, "requeue", False)  # a requeued message comes back from the broker
     return True

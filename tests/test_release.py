@@ -105,7 +105,7 @@ def test_tick_publishes_due_calls_as_kombu_messages(rd: RedisDelay, client: redi
     due = {echo.apply_async((n,), countdown=0).id: n for n in range(3)}
     later = echo.apply_async(("later",), countdown=60)
 
-    assert rd.tick() == {"released": 3, "requeued": 0, "dead": 0}
+    assert rd.tick() == {"released": 3, "requeued": 0, "dead": 0, "batches": 0}
 
     queue = queue_of(rd)
     messages = broker_messages(client, queue)
@@ -124,7 +124,7 @@ def test_tick_publishes_due_calls_as_kombu_messages(rd: RedisDelay, client: redi
     waiting = rd.find(later.id)
     assert waiting is not None and waiting.state == "delayed"
 
-    assert rd.tick() == {"released": 0, "requeued": 0, "dead": 0}
+    assert rd.tick() == {"released": 0, "requeued": 0, "dead": 0, "batches": 0}
     assert client.llen(queue) == 3, "a second tick publishes nothing again"
 
     # kombu itself reads the messages back (what a worker's consumer does).
@@ -156,7 +156,7 @@ def test_tick_sweeps_then_releases_calls_whose_releaser_died(make_app: MakeApp, 
     claimed = rd.store.claim(10, 1)  # by a releaser that then died before publishing
     assert {call.id for call in claimed} == orphans
     wait_for(lambda: rd.stats()["inflight_expired"] == 3, WAIT, "the claim deadlines to pass")
-    assert rd.tick() == {"released": 3, "requeued": 3, "dead": 0}
+    assert rd.tick() == {"released": 3, "requeued": 3, "dead": 0, "batches": 0}
     assert sorted(message_ids(client, queue_of(rd))) == sorted(orphans)
     for call_id in orphans:
         found = rd.find(call_id)
@@ -170,7 +170,7 @@ def test_tick_dead_letters_calls_out_of_deliveries(make_app: MakeApp, client: re
     doomed = echo.apply_async(("doomed",), countdown=0)
     assert rd.store.claim(10, 1)[0].id == doomed.id
     wait_for(lambda: rd.stats()["inflight_expired"] == 1, WAIT, "the claim deadline to pass")
-    assert rd.tick() == {"released": 0, "requeued": 0, "dead": 1}
+    assert rd.tick() == {"released": 0, "requeued": 0, "dead": 1, "batches": 0}
     assert client.llen(queue_of(rd)) == 0
     assert [entry.id for entry in rd.dead_letters()] == [doomed.id]
     assert rd.dead_letters()[0].meta["why"] == "not acknowledged after 1 deliveries (last seen claimed)"
@@ -244,14 +244,14 @@ def test_garbage_envelope_is_dead_lettered_and_the_good_ones_released(
     report = rd.tick()
 
     assert sorted(message_ids(client, queue_of(rd))) == sorted([first, last])
-    assert report == {"released": 2, "requeued": 0, "dead": 1}
+    assert report == {"released": 2, "requeued": 0, "dead": 1, "batches": 0}
     dead = rd.find("garbage")
     assert dead is not None
     assert dead.state == "dead"
     assert "envelope" in dead.meta["why"]
     assert dead.envelope == garbage, "the bytes are kept for inspection"
     assert [entry.id for entry in rd.dead_letters()] == ["garbage"]
-    assert rd.tick() == {"released": 0, "requeued": 0, "dead": 0}
+    assert rd.tick() == {"released": 0, "requeued": 0, "dead": 0, "batches": 0}
 
 
 # -- concurrent releasers --------------------------------------------------------------------------
@@ -293,7 +293,7 @@ def test_concurrent_releasers_publish_each_call_exactly_once(make_app: MakeApp, 
         assert len(set(published)) == calls, "a call was published twice"
         assert set(published) == parked
         assert sum(per_thread) == calls
-        assert first.stats() == {"delayed": 0, "inflight": calls, "dead": 0, "due": 0, "inflight_expired": 0}
+        assert first.stats() == {"delayed": 0, "inflight": calls, "dead": 0, "due": 0, "inflight_expired": 0, "batch_groups": 0, "batch_items": 0}
     finally:
         client.delete(queue)
 
@@ -319,7 +319,7 @@ def test_tick_when_redis_goes_away_and_comes_back(own_servers: list[RedisServer]
     client = redis.Redis.from_url(f"{again.url}/0")
     try:
         parked = echo.apply_async(("after restart",), countdown=0)
-        assert rd.tick() == {"released": 1, "requeued": 0, "dead": 0}
+        assert rd.tick() == {"released": 1, "requeued": 0, "dead": 0, "batches": 0}
         assert message_ids(client, queue_of(rd)) == [parked.id]
     finally:
         client.close()
@@ -351,7 +351,7 @@ def test_broker_unreachable_gives_the_claimed_calls_back(
         assert back.score_ms <= redis_ms(client), "given back due at once"
     garbage = rd.find("garbage")
     assert garbage is not None and garbage.state == "dead"
-    assert rd.stats() == {"delayed": 3, "inflight": 0, "dead": 1, "due": 3, "inflight_expired": 0}
+    assert rd.stats() == {"delayed": 3, "inflight": 0, "dead": 1, "due": 3, "inflight_expired": 0, "batch_groups": 0, "batch_items": 0}
 
 
 def test_broker_refusing_mid_batch_gives_back_only_the_unpublished_calls(

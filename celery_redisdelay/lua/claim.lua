@@ -15,6 +15,7 @@ for _, id in ipairs(ids) do
         bury(id, meta, 'payload missing at release', now)
     else
         redis.call('ZREM', DELAYED, id)
+        free_key(id, meta)
         meta.d = (tonumber(meta.d) or 0) + 1
         meta.s = 'claimed'
         save_meta(id, meta)

@@ -1,18 +1,30 @@
 -- park.lua: store a call and schedule it; replaces any earlier call with the same id
 -- (that is how a task's retry parks itself again).
 -- ARGV: 1 id, 2 envelope, 3 meta JSON, 4 'in' (ARGV[5] is a countdown) or 'at' (ARGV[5] is a due time),
---       5 milliseconds
--- Returns: the due time (ms, server clock).
-local id = ARGV[1]
+--       5 milliseconds, 6 '' or 'unique' or 'debounce', 7 the unique/debounce key (already in meta.k)
+-- Returns: {status, due time (ms, server clock), id}
+--   status 1: stored under ARGV[1]
+--   status 0: unique: a call holding the key is parked already; nothing stored; its id is returned
+--   status -1: debounce: the key is held by another id than ARGV[1], or ARGV[1] was used before and
+--              is no longer parked; nothing stored; the holder's id (or '') is returned to retry with
+local id, mode, key = ARGV[1], ARGV[6], ARGV[7]
 local due
 if ARGV[4] == 'in' then
     due = now_ms() + tonumber(ARGV[5])
 else
     due = tonumber(ARGV[5])
 end
-redis.call('HSET', PAYLOADS, id, ARGV[2])
-redis.call('HSET', META, id, ARGV[3])
-redis.call('ZREM', INFLIGHT, id)
-redis.call('ZREM', DEAD, id)
-redis.call('ZADD', DELAYED, due, id)
-return due
+if mode == 'unique' or mode == 'debounce' then
+    local current = holder(key)
+    if mode == 'unique' and current then
+        return {0, tonumber(redis.call('ZSCORE', DELAYED, current)), current}
+    end
+    if mode == 'debounce' and current ~= id and (current or redis.call('HEXISTS', PAYLOADS, id) == 1) then
+        return {-1, 0, current or ''}
+    end
+    store(id, ARGV[2], ARGV[3], due)
+    redis.call('HSET', INDEX, key, id)
+else
+    store(id, ARGV[2], ARGV[3], due)
+end
+return {1, due, id}

@@ -1,23 +1,36 @@
 -- prelude.lua: helpers prepended to every script of the call store.
 --
--- Every script of the store receives the same five keys, all sharing one hash tag:
+-- Every script of the store receives the same eight keys first, all sharing one hash tag:
 --   KEYS[1] delayed   zset  id -> due time (ms since the epoch, server clock)
 --   KEYS[2] inflight  zset  id -> deadline (ms)
 --   KEYS[3] dead      zset  id -> time it was dead-lettered (ms)
---   KEYS[4] payloads  hash  id -> envelope (opaque to Lua)
+--   KEYS[4] payloads  hash  id -> envelope (opaque to Lua), or a batch stub (see batch_add.lua)
 --   KEYS[5] meta      hash  id -> small JSON object:
---       d deliveries, m max deliveries, r run timeout (ms), q queue timeout (ms),
---       s state (delayed | claimed | queued | running | swept | dead), why (dead reason)
+--       d deliveries, m max deliveries, r run timeout (ms), q queue timeout (ms), t task name,
+--       s state (delayed | claimed | queued | running | swept | deferred | dead), why (dead reason),
+--       k the unique/debounce key the call holds while it is parked
+--   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
+--   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
+--   KEYS[8] counters  hash  batch_items (items waiting in all groups)
+-- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
 local DELAYED, INFLIGHT, DEAD, PAYLOADS, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash'}
+local INDEX, BATCHES, COUNTERS = KEYS[6], KEYS[7], KEYS[8]
+local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash'}
 
 -- Refuse to run on keys someone else overwrote: an error here happens before any write.
-for i, expected in ipairs(EXPECTED_TYPES) do
-    local found = redis.call('TYPE', KEYS[i])['ok']
-    if found ~= 'none' and found ~= expected then
-        return redis.error_reply('WRONGTYPE redisdelay key ' .. KEYS[i] .. ' holds a ' .. found
+local function check_type(key, expected, also)
+    local found = redis.call('TYPE', key)['ok']
+    if found ~= 'none' and found ~= expected and found ~= also then
+        return redis.error_reply('WRONGTYPE redisdelay key ' .. key .. ' holds a ' .. found
             .. ', expected a ' .. expected .. '; delete or rename it')
+    end
+end
+
+for i, expected in ipairs(EXPECTED_TYPES) do
+    local wrong = check_type(KEYS[i], expected)
+    if wrong then
+        return wrong
     end
 end
 
@@ -44,8 +57,17 @@ local function save_meta(id, meta)
     redis.call('HSET', META, id, cjson.encode(meta))
 end
 
+-- A parked call gives up its unique/debounce key when it leaves the delay set (released,
+-- cancelled, dead-lettered), so a new call with that key can be parked.
+local function free_key(id, meta)
+    if type(meta.k) == 'string' and redis.call('HGET', INDEX, meta.k) == id then
+        redis.call('HDEL', INDEX, meta.k)
+    end
+end
+
 -- Move a call to the dead-letter set, keeping its payload for inspection and requeue.
 local function bury(id, meta, why, now)
+    free_key(id, meta)
     redis.call('ZREM', DELAYED, id)
     redis.call('ZREM', INFLIGHT, id)
     meta.s = 'dead'
@@ -55,6 +77,45 @@ local function bury(id, meta, why, now)
 end
 
 local function forget(id)
+    free_key(id, load_meta(id))
     redis.call('HDEL', PAYLOADS, id)
     redis.call('HDEL', META, id)
+end
+
+-- The id of the call parked under a unique/debounce key, or nil when no parked call holds it.
+local function holder(key)
+    local id = redis.call('HGET', INDEX, key)
+    if id and redis.call('ZSCORE', DELAYED, id) then
+        return id
+    end
+    return nil
+end
+
+-- Store a call and put it in the delay set, due at ``due``.
+local function store(id, envelope, meta_json, due)
+    free_key(id, load_meta(id))
+    redis.call('HSET', PAYLOADS, id, envelope)
+    redis.call('HSET', META, id, meta_json)
+    redis.call('ZREM', INFLIGHT, id)
+    redis.call('ZREM', DEAD, id)
+    redis.call('ZADD', DELAYED, due, id)
+end
+
+-- Turn the first ``size`` items of a batch group into one parked call, due now. The payload is a
+-- stub the releaser turns into the task's message: the group ([task, key], JSON) and the items, each
+-- already JSON. Returns how many items went into the call.
+local function flush_group(items_key, group, size, id, meta_json, now)
+    local items = redis.call('LRANGE', items_key, 0, size - 1)
+    if #items > 0 then
+        redis.call('LTRIM', items_key, #items, -1)
+        local payload = '{"redisdelay":"batch","group":' .. group .. ',"items":[' .. table.concat(items, ',') .. ']}'
+        store(id, payload, meta_json, now)
+        redis.call('HINCRBY', COUNTERS, 'batch_items', -#items)
+    end
+    if redis.call('LLEN', items_key) == 0 then
+        redis.call('ZREM', BATCHES, group)
+    else
+        redis.call('ZADD', BATCHES, now, group)  -- more than one batch was waiting: flush the rest next
+    end
+    return #items
 end

@@ -10,6 +10,9 @@ for _, id in ipairs(ARGV) do
         meta.d = math.max((tonumber(meta.d) or 1) - 1, 0)
         save_meta(id, meta)
         redis.call('ZADD', DELAYED, now, id)
+        if type(meta.k) == 'string' then
+            redis.call('HSETNX', INDEX, meta.k, id)  -- parked again: it holds its key unless a newer call took it
+        end
         returned = returned + 1
     end
 end

@@ -1,0 +1,108 @@
+"""Keyed batches: items gather per key in Redis and run as one call ``task(key, items)``.
+
+``@rd.batched(size=10, max_wait=240)`` makes a :class:`BatchedTask`; ``task.add(key, item)`` appends
+an item to the key's group. The add that brings a group to ``size`` items turns exactly those items
+into one parked call in the same script; the tick flushes a group whose first item has waited
+``max_wait`` seconds. A flushed batch is an ordinary parked call from then on (in flight, ack, sweep,
+dead letter); its stored payload is a stub that the releaser turns into the task's message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from celery.result import AsyncResult
+from celery.utils import uuid
+from kombu.utils import json
+
+from .envelope import EnvelopeError
+from .errors import ConfigurationError, PayloadError, ScheduleError
+from .keys import group_id
+from .schedule import seconds
+from .task import DelayedTask
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+BATCH_MARKER = b'{"redisdelay":"batch"'
+
+
+@dataclass(frozen=True)
+class BatchCall:
+    """A flushed batch as stored: which task, which key, and the items in arrival order."""
+
+    task: str
+    key: str
+    items: list[Any]
+
+    @classmethod
+    def decode(cls, raw: bytes) -> BatchCall | None:
+        """The batch a stored payload holds; None when it is an ordinary envelope."""
+        if not raw.startswith(BATCH_MARKER):
+            return None
+        try:
+            data = json.loads(raw)
+            task, key = data["group"]
+            items = data["items"]
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
+            raise EnvelopeError(f"malformed celery-redisdelay batch ({exc!r})") from exc
+        if not isinstance(task, str) or not isinstance(key, str) or not isinstance(items, list):
+            raise EnvelopeError("malformed celery-redisdelay batch (group or items of the wrong type)")
+        return cls(task, key, items)
+
+    def publish(self, app: Celery, producer: Any, call_id: str) -> None:
+        """Publish the call ``task(key, items)`` as Celery would, routed like the task's other calls."""
+        task = app.tasks.get(self.task)
+        if not isinstance(task, BatchedTask):
+            raise EnvelopeError(
+                f"batched task {self.task!r} is not registered in this app; import its module in the "
+                "worker that runs the tick, then requeue the call"
+            )
+        app.send_task(
+            self.task, args=(self.key, self.items), task_id=call_id, producer=producer, **task.routing_options
+        )
+
+
+def check_batch_options(function: Any, options: dict[str, Any]) -> None:
+    """Refuse, at decoration, a batch size or max wait that cannot work."""
+    name = options.get("name") or getattr(function, "__name__", "?")
+    size = options.get("batch_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigurationError(f"size of batched task {name} must be an integer >= 1, not {size!r}")
+    try:
+        seconds(options.get("batch_max_wait"), "max_wait")
+    except ScheduleError as exc:
+        raise ConfigurationError(f"batched task {name}: {exc}") from exc
+
+
+class BatchedTask(DelayedTask):
+    """A delayed task called with a key and the list of items gathered under it (``@rd.batched``)."""
+
+    batch_size: ClassVar[int] = 10
+    batch_max_wait: ClassVar[float] = 60.0
+
+    def add(self, key: str, item: Any) -> AsyncResult | None:
+        """Add ``item`` to the group of ``key``; returns at once.
+
+        Returns the result of the batch call when this add filled the group (the call is parked, due
+        now), else None. ``item`` must be JSON-serializable (Celery's json: dates, UUIDs, decimals too).
+        """
+        if not isinstance(key, str):
+            raise ScheduleError(f"a batch key must be a string, not {key!r}")
+        try:
+            encoded = json.dumps(item)
+        except (TypeError, ValueError) as exc:
+            raise PayloadError(
+                f"cannot add {item!r} to a batch of {self.name}: it is not JSON-serializable ({exc}); "
+                "nothing was stored"
+            ) from exc
+        released = self.redisdelay.store.batch_add(
+            group_id(self.name, key),
+            encoded,
+            self.batch_size,
+            round(self.batch_max_wait * 1000),
+            uuid(),
+            self.call_limits(),
+        )[1]
+        return None if released is None else self.AsyncResult(released)

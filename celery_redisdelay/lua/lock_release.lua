@@ -1,0 +1,32 @@
+-- lock_release.lua: release a lock if the token still holds it (compare and delete), then wake the
+-- first waiter: a deferred call is made due now, a blocking waiter outside tasks gets a wake-up.
+-- KEYS[9]: the lock, KEYS[10]: its waiters, KEYS[11]: the wake-up list of blocking waiters
+-- ARGV: 1 token
+-- Returns: 1 released, 0 the lock had expired or another token holds it (nothing changed).
+local LOCK, WAITERS, WAKE = KEYS[9], KEYS[10], KEYS[11]
+local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset') or check_type(WAKE, 'list')
+if wrong then
+    return wrong
+end
+if redis.call('GET', LOCK) ~= ARGV[1] then
+    return 0
+end
+redis.call('DEL', LOCK)
+-- Waiters that are gone (cancelled, finished, dead-lettered) are dropped on the way; bounded.
+for _ = 1, 100 do
+    local first = redis.call('ZRANGE', WAITERS, 0, 0)[1]
+    if not first then
+        break
+    end
+    if redis.call('ZSCORE', DELAYED, first) then
+        redis.call('ZADD', DELAYED, now_ms(), first)
+        break
+    elseif redis.call('ZSCORE', INFLIGHT, first) then
+        break  -- already on its way to try again
+    end
+    redis.call('ZREM', WAITERS, first)
+end
+redis.call('DEL', WAKE)
+redis.call('RPUSH', WAKE, 1)
+redis.call('PEXPIRE', WAKE, 10000)
+return 1

@@ -1,0 +1,42 @@
+-- lock_take.lua: take a lock with a unique token and an expiry. When it is busy and a tracked call
+-- asked for it, the call is deferred in the same step: back to the delay set (due when the lock
+-- expires, at the latest after the retry interval), without counting a delivery, and in line among
+-- the lock's waiters, so the holder's release wakes it at once.
+-- KEYS[9]: the lock (string: the holder's token), KEYS[10]: its waiters (zset: id -> first deferral)
+-- ARGV: 1 token, 2 expiry (ms), 3 id of the call asking ('' outside a task), 4 retry interval (ms)
+-- Returns: {status, the lock's remaining ms}; status 1 taken, 0 busy (the call, if any, is deferred),
+--          -1 busy and the call is not in flight here (nothing changed).
+local LOCK, WAITERS = KEYS[9], KEYS[10]
+local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset')
+if wrong then
+    return wrong
+end
+local token, id = ARGV[1], ARGV[3]
+if redis.call('SET', LOCK, token, 'NX', 'PX', tonumber(ARGV[2])) then
+    if id ~= '' then
+        redis.call('ZREM', WAITERS, id)
+    end
+    return {1, 0}
+end
+local ttl = redis.call('PTTL', LOCK)
+if id == '' then
+    return {0, ttl}
+end
+if not redis.call('ZSCORE', INFLIGHT, id) then
+    return {-1, ttl}
+end
+local now = now_ms()
+local wait = tonumber(ARGV[4])
+if ttl >= 0 then
+    wait = math.min(wait, ttl + 1)
+end
+local meta = load_meta(id)
+meta.s = 'deferred'
+meta.d = math.max((tonumber(meta.d) or 1) - 1, 0)  -- a deferral is not a failed delivery
+meta.w = (tonumber(meta.w) or 0) + 1
+save_meta(id, meta)
+redis.call('ZREM', INFLIGHT, id)
+redis.call('ZADD', DELAYED, now + wait, id)
+redis.call('ZADD', WAITERS, 'NX', now, id)
+redis.call('HINCRBY', COUNTERS, 'lock_deferrals', 1)
+return {0, ttl}

@@ -1,0 +1,15 @@
+-- reschedule.lua: move a parked call to a new due time.
+-- ARGV: 1 id, 2 'in' (ARGV[3] is a countdown) or 'at' (ARGV[3] is a due time), 3 milliseconds
+-- Returns: the new due time (ms, server clock), or -1 when the call is not parked (released, gone).
+local id = ARGV[1]
+if not redis.call('ZSCORE', DELAYED, id) then
+    return -1
+end
+local due
+if ARGV[2] == 'in' then
+    due = now_ms() + tonumber(ARGV[3])
+else
+    due = tonumber(ARGV[3])
+end
+redis.call('ZADD', DELAYED, due, id)
+return due
