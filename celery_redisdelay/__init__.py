@@ -1,14 +1,17 @@
 """Delayed Celery calls kept in Redis sorted sets: parked, released on time, tracked until done."""
 
+from .batch import BatchedTask
 from .errors import (
     Abandon,
     ConfigurationError,
+    LockTimeout,
     PayloadError,
     RedisDelayError,
     ScheduleError,
     StoreUnavailableError,
 )
 from .extension import RedisDelay
+from .locks import Lock
 from .task import DelayedTask
 from .validation import ValidationReport, run_validation
 
@@ -16,8 +19,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Abandon",
+    "BatchedTask",
     "ConfigurationError",
     "DelayedTask",
+    "Lock",
+    "LockTimeout",
     "PayloadError",
     "RedisDelay",
     "RedisDelayError",

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from celery import Celery
 
 BATCH_MARKER = b'{"redisdelay":"batch"'
+#: The most items in one batch: one script moves a whole batch, and scripts stay bounded.
+LARGEST_BATCH = 10_000
 
 
 @dataclass(frozen=True)
@@ -43,10 +45,12 @@ class BatchCall:
             return None
         try:
             data = json.loads(raw)
-            task, key = data["group"]
-            items = data["items"]
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
+            group, items = data["group"], data["items"]
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as exc:
             raise EnvelopeError(f"malformed celery-redisdelay batch ({exc!r})") from exc
+        if not isinstance(group, list) or len(group) != 2:
+            raise EnvelopeError(f"malformed celery-redisdelay batch (group {group!r} is not [task, key])")
+        task, key = group
         if not isinstance(task, str) or not isinstance(key, str) or not isinstance(items, list):
             raise EnvelopeError("malformed celery-redisdelay batch (group or items of the wrong type)")
         return cls(task, key, items)
@@ -68,8 +72,10 @@ def check_batch_options(function: Any, options: dict[str, Any]) -> None:
     """Refuse, at decoration, a batch size or max wait that cannot work."""
     name = options.get("name") or getattr(function, "__name__", "?")
     size = options.get("batch_size")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ConfigurationError(f"size of batched task {name} must be an integer >= 1, not {size!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= LARGEST_BATCH:
+        raise ConfigurationError(
+            f"size of batched task {name} must be an integer from 1 to {LARGEST_BATCH}, not {size!r}"
+        )
     try:
         seconds(options.get("batch_max_wait"), "max_wait")
     except ScheduleError as exc:

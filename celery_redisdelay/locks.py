@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from celery.utils import uuid
 
 from .errors import LockTimeout
-from .schedule import seconds
+from .schedule import lock_ms, seconds
 
 if TYPE_CHECKING:
     from .store import CallStore
@@ -37,8 +37,7 @@ class Lock:
         self.store = store
         self.name = name
         self.timeout = seconds(timeout, "timeout")
-        if self.timeout <= 0:
-            raise ValueError("a lock's timeout must be more than 0 seconds")
+        self._ttl_ms = lock_ms(timeout, "timeout")
         self.blocking_timeout = None if blocking_timeout is None else seconds(blocking_timeout, "blocking_timeout")
         self.token: str | None = None
 
@@ -47,7 +46,7 @@ class Lock:
         if self.token is not None:
             raise RuntimeError(f"lock {self.name} is already held by this Lock object")
         token = uuid()
-        ttl_ms = round(self.timeout * 1000)
+        ttl_ms = self._ttl_ms
         deadline = None if self.blocking_timeout is None else time.monotonic() + self.blocking_timeout
         while True:
             status, remaining_ms = self.store.lock_take(self.name, token, ttl_ms)
@@ -73,8 +72,8 @@ class Lock:
         """Make the held lock expire ``timeout`` seconds from now (default: its own timeout)."""
         if self.token is None:
             raise RuntimeError(f"lock {self.name} is not held by this Lock object")
-        ttl = self.timeout if timeout is None else seconds(timeout, "timeout")
-        return self.store.lock_extend(self.name, self.token, round(ttl * 1000))
+        ttl_ms = self._ttl_ms if timeout is None else lock_ms(timeout, "timeout")
+        return self.store.lock_extend(self.name, self.token, ttl_ms)
 
     @property
     def owned(self) -> bool:

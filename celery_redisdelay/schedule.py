@@ -25,12 +25,17 @@ class Due:
     at_ms: int | None = None
 
 
+#: The longest duration accepted anywhere (100 years): beyond it a due time is surely a mistake, and
+#: milliseconds stop being exact in a Redis score.
+LONGEST_SECONDS = 100 * 365 * 24 * 3600
+
+
 def seconds(value: object, name: str) -> float:
-    """Check a duration given by a caller: a finite, non-negative number."""
+    """Check a duration given by a caller: a finite number of seconds, 0 to 100 years."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ScheduleError(f"{name} must be a number of seconds, not {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ScheduleError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
+    if not math.isfinite(value) or value < 0 or value > LONGEST_SECONDS:
+        raise ScheduleError(f"{name} must be a finite number of seconds from 0 to {LONGEST_SECONDS}, not {value!r}")
     return float(value)
 
 
@@ -57,3 +62,11 @@ def resolve_due(
     if countdown is None:
         countdown = default_countdown
     return Due(countdown_ms=round(seconds(countdown, "countdown") * 1000))
+
+
+def lock_ms(value: object, name: str) -> int:
+    """A lock's expiry or retry interval in whole ms, at least 1 (Redis refuses an expiry of 0)."""
+    duration = seconds(value, name)
+    if duration <= 0:
+        raise ScheduleError(f"{name} must be more than 0 seconds, not {value!r}")
+    return max(1, math.ceil(duration * 1000))

@@ -14,7 +14,7 @@ from kombu.exceptions import OperationalError
 
 from .errors import Abandon, ConfigurationError, Deferred, RedisDelayError, ScheduleError, StoreUnavailableError
 from .keys import group_id
-from .schedule import resolve_due, seconds
+from .schedule import lock_ms, resolve_due, seconds
 from .store import CONFLICT
 
 if TYPE_CHECKING:
@@ -45,8 +45,7 @@ def check_lock_options(function: Any, options: dict[str, Any]) -> None:
     for option in ("lock_timeout", "lock_retry"):
         if option in options:
             try:
-                if seconds(options[option], option) <= 0:
-                    raise ScheduleError(f"{option} must be more than 0 seconds")
+                lock_ms(options[option], option)
             except ScheduleError as exc:
                 raise ConfigurationError(f"{name}: {exc}") from exc
     parameters = list(inspect.signature(function).parameters)
@@ -63,6 +62,25 @@ def check_lock_options(function: Any, options: dict[str, Any]) -> None:
                 f"lock template {template!r} of {name} refers to {{{field}}}, which is not an argument of "
                 f"the task (arguments: {', '.join(parameters) or 'none'}); name arguments, as in 'order:{{order_id}}'"
             )
+    # Format once with stand-ins that accept any attribute, index and format spec: what still fails
+    # (a bad conversion, an empty attribute, a nested field naming no argument) would fail every call.
+    try:
+        template.format(**dict.fromkeys(parameters, _StandIn()))
+    except (KeyError, IndexError, AttributeError, ValueError, TypeError) as exc:
+        raise ConfigurationError(f"lock template {template!r} of {name} cannot be filled by any call: {exc!r}") from exc
+
+
+class _StandIn:
+    """An argument value for checking a lock template: every attribute, item and format spec fits."""
+
+    def __getattr__(self, name: str) -> _StandIn:
+        return self
+
+    def __getitem__(self, key: object) -> _StandIn:
+        return self
+
+    def __format__(self, spec: str) -> str:
+        return ""
 
 
 class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
@@ -192,7 +210,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         bound.apply_defaults()
         try:
             return self.lock.format(**bound.arguments)
-        except (KeyError, IndexError, AttributeError, ValueError) as exc:
+        except (KeyError, IndexError, AttributeError, ValueError, TypeError) as exc:
             raise ConfigurationError(
                 f"lock template {self.lock!r} of {self.name} cannot be filled from the call's arguments: {exc!r}"
             ) from exc
@@ -202,14 +220,14 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             return super().__call__(*args, **kwargs)
         rd = self.redisdelay
         name = self.lock_name(args, kwargs)
-        ttl = round(seconds(self.lock_timeout, "lock_timeout") * 1000)
+        ttl = lock_ms(self.lock_timeout, "lock_timeout")
         request = self.request
         if request.id is None or request.is_eager or request.called_directly:
             # Outside a worker delivery there is nothing to defer: wait for the lock instead.
             with rd.lock(name, timeout=self.lock_timeout):
                 return super().__call__(*args, **kwargs)
         token = uuid()
-        retry_ms = round(seconds(self.lock_retry, "lock_retry") * 1000)
+        retry_ms = lock_ms(self.lock_retry, "lock_retry")
         try:
             status, _ = rd.store.lock_take(name, token, ttl, request.id, retry_ms)
         except StoreUnavailableError as exc:

@@ -96,25 +96,53 @@ def wait_until_ready(processes: list[CeleryProcess], the_worker: CeleryProcess) 
     wait_for(ready, READY_TIMEOUT, "the worker to be ready", interval=0.1)
 
 
+def deferrals(rd: RedisDelay, call_id: str) -> int:
+    """How many times a call found its lock busy (0 once it has finished)."""
+    entry = rd.find(call_id)
+    return int(entry.meta.get("w", 0)) if entry else 0
+
+
 def order_scenario(rd: RedisDelay) -> None:
-    """Seed 000: an order update parked while another writer holds the order's lock, applied later."""
-    from example_project.tasks import db, order_lock, update_order
+    """Seed 000: an order update deferred while another writer holds the order's lock, applied once
+    the lock is released."""
+    from example_project.tasks import db, update_order
 
     order_id = 42
-    lock = order_lock(order_id)
-    lock.acquire()  # another writer is busy with the order
-    try:
+    with rd.lock(f"order:{order_id}", timeout=30):  # another writer is busy with the order
         started = time.monotonic()
-        result = update_order.apply_async((order_id, "shipped"), countdown=1)
+        result = update_order.delay(order_id, "shipped")
+        say(f"update_order({order_id}, 'shipped') sent as {result.id} while the order's lock is held")
+        wait_for(lambda: deferrals(rd, result.id), 30, "the update to be deferred")
         entry = rd.find(result.id)
-        say(f"update_order({order_id}, 'shipped') parked as {result.id} (state: {entry.state if entry else 'gone'})")
-        time.sleep(2)
-    finally:
-        lock.release()
-    say(f"  order {order_id}'s lock was busy for 2 s; released it")
+        say(f"  the worker found the lock busy: the call is {entry.state if entry else 'gone'}, waiting for the lock")
+        time.sleep(1)
+    say(f"  released the order's lock after {time.monotonic() - started:.1f} s")
     status = result.get(timeout=30)
     stored = db.hget(f"example:order:{order_id}", "status")
-    say(f"  ran after {time.monotonic() - started:.1f} s: returned {status!r}; the order's status is now {stored!r}")
+    say(f"  ran {time.monotonic() - started:.1f} s after it was sent: returned {status!r}; status now {stored!r}")
+
+
+def batch_scenario() -> None:
+    """Seed 002: parcels gathered per delivery area, bound to a truck ten at a time or after 3 s."""
+    from example_project.tasks import bind_truck, db
+
+    areas = {"area-7": 23, "area-9": 4}
+    started = time.monotonic()
+    for area, parcels in areas.items():
+        for parcel in range(parcels):
+            bind_truck.add(area, parcel)
+    say(f"bind_truck: added {areas['area-7']} parcels for area-7 and {areas['area-9']} for area-9")
+
+    def loaded() -> dict[str, list[str]] | None:
+        trucks = {area: [str(truck) for truck in db.lrange(f"example:trucks:{area}", 0, -1)] for area in areas}
+        count = sum(len(truck.split(",")) for loads in trucks.values() for truck in loads)
+        return trucks if count == sum(areas.values()) else None
+
+    trucks = wait_for(loaded, 30, "every parcel to be bound to a truck")
+    for area, loads in trucks.items():
+        sizes = ", ".join(str(len(truck.split(","))) for truck in loads)
+        say(f"  {area}: trucks of {sizes} parcels")
+    say(f"  every parcel bound once, {time.monotonic() - started:.1f} s (full trucks at once, the rest after 3 s)")
 
 
 def print_report(report: ValidationReport, as_json: bool) -> None:
@@ -181,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"worker ready after {time.monotonic() - started:.1f} s")
 
         order_scenario(rd)
+        batch_scenario()
 
         from celery_redisdelay import run_validation
 

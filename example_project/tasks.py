@@ -5,8 +5,6 @@ from __future__ import annotations
 import redis
 from celery.utils.log import get_task_logger
 
-from celery_redisdelay import DelayedTask
-
 from .app import URL, rd
 
 logger = get_task_logger(__name__)
@@ -17,30 +15,27 @@ db = redis.Redis.from_url(URL, decode_responses=True)
 ORDER_LOCK_SECONDS = 10
 
 
-def order_lock(order_id: int) -> redis.lock.Lock:
-    """The lock every writer of an order takes first; it expires, so a crashed holder cannot keep it."""
-    lock: redis.lock.Lock = db.lock(f"example:order:{order_id}:lock", timeout=ORDER_LOCK_SECONDS)
-    return lock
-
-
-# max_retries=None: a write is never given up; the lock it waits for expires after ORDER_LOCK_SECONDS.
-@rd.delayed(bind=True, timeout=30, max_retries=None)
-def update_order(self: DelayedTask, order_id: int, status: str) -> str:
+@rd.delayed(lock="order:{order_id}", lock_timeout=ORDER_LOCK_SECONDS, lock_retry=5, timeout=30)
+def update_order(order_id: int, status: str) -> str:
     """Seed 000: write an order's status under the order's lock.
 
-    When another writer holds the lock, the update is not dropped: ``self.retry`` parks it in Redis
-    again and it runs a second later.
+    The worker takes the lock ``order:<id>`` before the body runs. When another writer holds it, the
+    update is not dropped and no worker waits for it: the call goes back to Redis behind the lock and
+    runs as soon as the holder releases it (at the latest every ``lock_retry`` seconds, and once the
+    lock expires if its holder died).
     """
-    lock = order_lock(order_id)
-    if not lock.acquire(blocking=False):
-        logger.info("order %s is locked; update to %r parked for 1 s", order_id, status)
-        raise self.retry(countdown=1)
-    try:
-        db.hset(f"example:order:{order_id}", "status", status)
-    finally:
-        lock.release()
+    db.hset(f"example:order:{order_id}", "status", status)
     logger.info("order %s is now %r", order_id, status)
     return status
+
+
+@rd.batched(size=10, max_wait=3)
+def bind_truck(area: str, parcels: list[int]) -> int:
+    """Seed 002: parcels of one delivery area are bound to a truck ten at a time, or when the first
+    parcel has waited 3 s (the seed waits 4 minutes)."""
+    db.rpush(f"example:trucks:{area}", ",".join(map(str, parcels)))
+    logger.info("truck for %s loaded with %d parcels: %s", area, len(parcels), parcels)
+    return len(parcels)
 
 
 @rd.delayed(countdown=5)

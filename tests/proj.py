@@ -5,6 +5,7 @@ Configured from ``REDISDELAY_TEST_URL`` (a redis:// URL without database), set b
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -77,4 +78,34 @@ def heartbeat(self: Any, key: str, seconds: float) -> int:
     while time.monotonic() < deadline:
         self.touch(1)
         time.sleep(0.2)
+    return int(delivery)
+
+
+@rd.batched(size=10, max_wait=1.0)
+def bind_truck(area: str, parcels: list[Any]) -> int:
+    """Seed 002: bind an area's parcels to one truck; record each batch as it arrived."""
+    _marks.rpush(f"trucks:{area}", json.dumps(parcels))
+    return len(parcels)
+
+
+@rd.delayed(bind=True, lock="order:{order_id}", lock_timeout=10, lock_retry=2)
+def update_order(self: Any, order_id: str, status: str) -> str:
+    """Seed 000: an order update under the order's lock; counts runners to catch two at once."""
+    running = _marks.incr(f"order:{order_id}:running")
+    try:
+        _marks.rpush(f"order:{order_id}:concurrency", running)
+        time.sleep(0.05)
+        _marks.rpush(f"order:{order_id}:statuses", status)
+    finally:
+        _marks.decr(f"order:{order_id}:running")
+    return status
+
+
+@rd.delayed(bind=True, lock="order:{order_id}", lock_timeout=3, lock_retry=2, timeout=5)
+def hold_order(self: Any, order_id: str, seconds: float) -> int:
+    """Hold the order's lock for ``seconds`` on the first delivery (a test kills the worker meanwhile)."""
+    delivery = _marks.incr(f"order:{order_id}:holds")
+    if delivery == 1:
+        _marks.set(f"order:{order_id}:holding", self.request.id)
+        time.sleep(seconds)
     return int(delivery)

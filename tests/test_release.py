@@ -293,7 +293,15 @@ def test_concurrent_releasers_publish_each_call_exactly_once(make_app: MakeApp, 
         assert len(set(published)) == calls, "a call was published twice"
         assert set(published) == parked
         assert sum(per_thread) == calls
-        assert first.stats() == {"delayed": 0, "inflight": calls, "dead": 0, "due": 0, "inflight_expired": 0, "batch_groups": 0, "batch_items": 0}
+        assert first.stats() == {
+            "delayed": 0,
+            "inflight": calls,
+            "dead": 0,
+            "due": 0,
+            "inflight_expired": 0,
+            "batch_groups": 0,
+            "batch_items": 0,
+        }
     finally:
         client.delete(queue)
 
@@ -351,7 +359,15 @@ def test_broker_unreachable_gives_the_claimed_calls_back(
         assert back.score_ms <= redis_ms(client), "given back due at once"
     garbage = rd.find("garbage")
     assert garbage is not None and garbage.state == "dead"
-    assert rd.stats() == {"delayed": 3, "inflight": 0, "dead": 1, "due": 3, "inflight_expired": 0, "batch_groups": 0, "batch_items": 0}
+    assert rd.stats() == {
+        "delayed": 3,
+        "inflight": 0,
+        "dead": 1,
+        "due": 3,
+        "inflight_expired": 0,
+        "batch_groups": 0,
+        "batch_items": 0,
+    }
 
 
 def test_broker_refusing_mid_batch_gives_back_only_the_unpublished_calls(

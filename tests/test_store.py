@@ -99,7 +99,15 @@ def test_life_of_a_call_park_claim_confirm_start_ack(rd: RedisDelay, client: red
     assert rd.find("call-1") is None
     assert not client.hexists(rd.keys.payloads, "call-1")
     assert not client.hexists(rd.keys.meta, "call-1")
-    assert rd.stats() == {"delayed": 0, "inflight": 0, "dead": 0, "due": 0, "inflight_expired": 0, "batch_groups": 0, "batch_items": 0}
+    assert rd.stats() == {
+        "delayed": 0,
+        "inflight": 0,
+        "dead": 0,
+        "due": 0,
+        "inflight_expired": 0,
+        "batch_groups": 0,
+        "batch_items": 0,
+    }
     assert store.ack("call-1") is False, "a second ack finds nothing"
 
 
@@ -431,7 +439,15 @@ def test_park_needs_a_due_time(rd: RedisDelay) -> None:
 
 
 def test_stats_counts_every_state(rd: RedisDelay, client: redis.Redis) -> None:
-    assert rd.stats() == {"delayed": 0, "inflight": 0, "dead": 0, "due": 0, "inflight_expired": 0, "batch_groups": 0, "batch_items": 0}
+    assert rd.stats() == {
+        "delayed": 0,
+        "inflight": 0,
+        "dead": 0,
+        "due": 0,
+        "inflight_expired": 0,
+        "batch_groups": 0,
+        "batch_items": 0,
+    }
     now = redis_ms(client)
     store = rd.store
     store.park("running", ENVELOPE, {}, due_ms=now - 4_000)
@@ -440,11 +456,27 @@ def test_stats_counts_every_state(rd: RedisDelay, client: redis.Redis) -> None:
     store.park("due-1", ENVELOPE, {}, due_ms=now - 2_000)
     store.park("due-2", ENVELOPE, {}, due_ms=now - 1_000)
     store.park("future", ENVELOPE, {}, due_ms=now + LONG_MS)
-    assert rd.stats() == {"delayed": 6, "inflight": 0, "dead": 0, "due": 4, "inflight_expired": 0, "batch_groups": 0, "batch_items": 0}
+    assert rd.stats() == {
+        "delayed": 6,
+        "inflight": 0,
+        "dead": 0,
+        "due": 4,
+        "inflight_expired": 0,
+        "batch_groups": 0,
+        "batch_items": 0,
+    }
     assert [c.id for c in store.claim(1, LONG_MS)] == ["running"]
     assert [c.id for c in store.claim(1, 1)] == ["expiring"]
     store.bury("buried", "test")
     wait_for(lambda: rd.stats()["inflight_expired"] == 1, WAIT, "'expiring' to be past its deadline")
-    assert rd.stats() == {"delayed": 3, "inflight": 2, "dead": 1, "due": 2, "inflight_expired": 1, "batch_groups": 0, "batch_items": 0}
+    assert rd.stats() == {
+        "delayed": 3,
+        "inflight": 2,
+        "dead": 1,
+        "due": 2,
+        "inflight_expired": 1,
+        "batch_groups": 0,
+        "batch_items": 0,
+    }
     assert [e.id for e in store.entries("delayed")] == ["due-1", "due-2", "future"]
     assert [e.id for e in store.entries("inflight")] == ["expiring", "running"]

@@ -8,12 +8,7 @@
 --   status -1: debounce: the key is held by another id than ARGV[1], or ARGV[1] was used before and
 --              is no longer parked; nothing stored; the holder's id (or '') is returned to retry with
 local id, mode, key = ARGV[1], ARGV[6], ARGV[7]
-local due
-if ARGV[4] == 'in' then
-    due = now_ms() + tonumber(ARGV[5])
-else
-    due = tonumber(ARGV[5])
-end
+local due = due_time(ARGV[4], ARGV[5])
 if mode == 'unique' or mode == 'debounce' then
     local current = holder(key)
     if mode == 'unique' and current then

@@ -39,6 +39,14 @@ local function now_ms()
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A due time from a script's (mode, ms) arguments: 'in' ms from now by the Redis clock, or 'at' ms.
+local function due_time(mode, ms)
+    if mode == 'in' then
+        return now_ms() + tonumber(ms)
+    end
+    return tonumber(ms)
+end
+
 -- Corrupt metadata must not stop a loop: it decodes to an empty table. (A table that cannot be
 -- encoded again, say a number out of range, would make save_meta fail the whole script.)
 local function load_meta(id)

@@ -5,11 +5,6 @@ local id = ARGV[1]
 if not redis.call('ZSCORE', DELAYED, id) then
     return -1
 end
-local due
-if ARGV[2] == 'in' then
-    due = now_ms() + tonumber(ARGV[3])
-else
-    due = tonumber(ARGV[3])
-end
+local due = due_time(ARGV[2], ARGV[3])
 redis.call('ZADD', DELAYED, due, id)
 return due

@@ -1,0 +1,362 @@
+"""Distributed locks and lock deferral against a real redis-server.
+
+``rd.lock`` for code outside tasks (exclusion, expiry, extension, blocking waits woken by the
+release), lock names holding any text, the deferral of a tracked call behind a busy lock
+(``lock_take.lua``), the ``lock=`` template of ``@rd.delayed``, the eager path, and keys of the wrong
+type. Nothing sleeps hoping: waits poll a state with ``wait_for`` or block on an event, and no test
+asserts how long something took.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from redis.cluster import key_slot
+
+from celery_redisdelay import ConfigurationError, DelayedTask, RedisDelay, StoreUnavailableError
+from celery_redisdelay.errors import LockTimeout
+from celery_redisdelay.locks import Lock
+from celery_redisdelay.testing import wait_for
+
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+WAIT = 5.0
+
+
+def redis_ms(client: redis.Redis) -> int:
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def lock_keys(rd: RedisDelay, name: str) -> list[str]:
+    return [rd.keys.lock(name), rd.keys.lock_waiters(name), rd.keys.lock_wake(name)]
+
+
+def snapshot(client: redis.Redis, rd: RedisDelay, name: str) -> dict[str, Any]:
+    """Byte-exact state of the store's keys and of one lock's keys."""
+    return {key: client.dump(key) for key in [*rd.keys.store_keys, *lock_keys(rd, name)]}
+
+
+def holds(client: redis.Redis, rd: RedisDelay, lock: Lock) -> bool:
+    """Whether Redis has ``lock``'s name held by ``lock``'s token."""
+    return lock.token is not None and client.get(rd.keys.lock(lock.name)) == lock.token.encode()
+
+
+def blocked_waiter(client: redis.Redis) -> bool:
+    """Whether some client is blocked in BLPOP (the only blocking command in these tests)."""
+    return any(c["cmd"] == "blpop" and "b" in c["flags"] for c in client.client_list())
+
+
+def unique(name: str) -> str:
+    return f"tests.{name}.{uuid.uuid4().hex[:8]}"
+
+
+def order_task(rd: RedisDelay) -> DelayedTask:
+    @rd.delayed(name=unique("order"), lock="order:{order_id}", lock_timeout=5, lock_retry=3)
+    def process(order_id: int) -> int:
+        return order_id
+
+    return process
+
+
+def process_order(order_id: int, note: str = "") -> None:
+    """A plain function the decoration tests try to turn into tasks."""
+
+
+# -- rd.lock outside tasks ------------------------------------------------------------------------
+
+
+def test_acquire_release_and_a_second_lock_on_the_same_name(rd: RedisDelay, client: redis.Redis) -> None:
+    lock = rd.lock("order:1", timeout=30)
+    assert lock.acquire(blocking=False) is True and lock.owned
+    assert holds(client, rd, lock)
+    assert 0 < client.pttl(rd.keys.lock("order:1")) <= 30_000
+    other = rd.lock("order:1")
+    assert other.acquire(blocking=False) is False and not other.owned
+    with pytest.raises(RuntimeError, match="already held"):
+        lock.acquire()
+    assert lock.release() is True and not lock.owned
+    assert not client.exists(rd.keys.lock("order:1"))
+    with pytest.raises(RuntimeError, match="not held"):
+        lock.release()
+    assert other.acquire(blocking=False) is True
+    assert other.release() is True
+    for name, timeout in [("", 1.0), ("x", 0), ("x", -1.0)]:
+        with pytest.raises(ValueError, match=r"name|timeout"):
+            rd.lock(name, timeout=timeout)
+
+
+def test_release_after_expiry_returns_false_and_spares_the_new_holder(rd: RedisDelay, client: redis.Redis) -> None:
+    lock = rd.lock("brief", timeout=0.2)
+    assert lock.acquire(blocking=False)
+    wait_for(lambda: not client.exists(rd.keys.lock("brief")), WAIT, "the lock to expire")
+    newcomer = rd.lock("brief")
+    assert newcomer.acquire(blocking=False)
+    assert lock.release() is False, "the lost token must not release the newcomer's lock"
+    assert holds(client, rd, newcomer)
+    assert newcomer.release() is True
+
+
+def test_extend_keeps_the_lock_alive(rd: RedisDelay, client: redis.Redis) -> None:
+    lock = rd.lock("long", timeout=0.2)
+    start = redis_ms(client)
+    assert lock.acquire(blocking=False)
+    assert lock.extend(60) is True
+    assert client.pttl(rd.keys.lock("long")) > 1_000
+    # Poll the Redis clock (not a sleep) until well past the lock's first expiry.
+    wait_for(lambda: redis_ms(client) > start + 600, WAIT, "the first expiry to pass")
+    assert holds(client, rd, lock)
+    assert rd.lock("long").acquire(blocking=False) is False
+    assert lock.release() is True
+    # An expired lock cannot be extended back to life.
+    assert lock.acquire(blocking=False)
+    wait_for(lambda: not client.exists(rd.keys.lock("long")), WAIT, "the lock to expire")
+    assert lock.extend(60) is False
+    assert not client.exists(rd.keys.lock("long"))
+
+
+def test_with_raises_lock_timeout_while_another_holds_it(rd: RedisDelay, client: redis.Redis) -> None:
+    holder = rd.lock("busy")
+    assert holder.acquire(blocking=False)
+    with ExitStack() as stack, pytest.raises(LockTimeout, match="busy"):
+        stack.enter_context(rd.lock("busy", blocking_timeout=0.3))
+    assert holds(client, rd, holder)
+    assert holder.release() is True
+
+
+def test_a_blocked_waiter_gets_the_lock_once_the_holder_releases(rd: RedisDelay, client: redis.Redis) -> None:
+    holder = rd.lock("door")
+    assert holder.acquire(blocking=False)
+    entered = threading.Event()
+
+    def wait_in_line() -> bool:
+        with rd.lock("door", blocking_timeout=60) as lock:
+            entered.set()
+            return holds(client, rd, lock)
+
+    with ThreadPoolExecutor(1) as pool:
+        waiter = pool.submit(wait_in_line)
+        wait_for(lambda: blocked_waiter(client), WAIT, "the waiter to block on the wake-up list")
+        assert not entered.is_set()
+        assert holder.release() is True
+        assert entered.wait(WAIT), "the waiter did not get the lock after the release"
+        assert waiter.result(WAIT) is True, "the waiter ran without holding the lock"
+    assert not client.exists(rd.keys.lock("door"))
+
+
+def test_locks_exclude_each_other_across_threads(rd: RedisDelay, client: redis.Redis) -> None:
+    counter = f"test-counter-{uuid.uuid4().hex}"
+
+    def increment_twenty_times() -> None:
+        for _ in range(20):
+            with rd.lock("counter", timeout=30, blocking_timeout=60):
+                value = int(client.get(counter) or 0)  # a read-modify-write that races without the lock
+                client.set(counter, value + 1)
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(increment_twenty_times) for _ in range(6)]
+        for future in futures:
+            future.result()
+        assert int(client.get(counter) or 0) == 120
+        assert not client.exists(rd.keys.lock("counter"))
+    finally:
+        client.delete(counter)
+
+
+def test_a_timeout_the_lock_accepts_is_one_redis_accepts(rd: RedisDelay) -> None:
+    lock = rd.lock("tiny", timeout=0.0004)  # refusing it here with ValueError would also be a fix
+    assert lock.acquire(blocking=False)
+
+
+# -- lock names -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["order:{42}", "{", "}{", "a b  c ", "zamówienie 🔒 注文", "a:b::c:", "{test}", "lock:x"]
+)
+def test_odd_lock_names_work_and_stay_in_the_store_slot(rd: RedisDelay, client: redis.Redis, name: str) -> None:
+    slot = key_slot(rd.keys.delayed.encode())
+    assert [key_slot(key.encode()) for key in lock_keys(rd, name)] == [slot] * 3
+    lock = rd.lock(name)
+    assert lock.acquire(blocking=False)
+    assert holds(client, rd, lock)
+    assert rd.lock(name).acquire(blocking=False) is False
+    neighbour = rd.lock(name + "}")
+    assert neighbour.acquire(blocking=False), "a different name is a different lock"
+    assert neighbour.release() and lock.release()
+    assert not client.exists(rd.keys.lock(name))
+
+
+# -- deferral in the store ------------------------------------------------------------------------
+
+
+def test_a_busy_lock_defers_a_tracked_call_and_the_release_wakes_it(rd: RedisDelay, client: redis.Redis) -> None:
+    call_id = order_task(rd).apply_async(kwargs={"order_id": 42}).id
+    parked = rd.find(call_id)
+    assert parked is not None and parked.state == "delayed"
+    deliveries = parked.meta["d"]
+    [claimed] = rd.store.claim(10, 30_000)
+    assert (claimed.id, claimed.deliveries) == (call_id, deliveries + 1)
+    assert rd.store.start(call_id, 30_000) == 1
+    outside = rd.lock("order:42")
+    assert outside.acquire(blocking=False)
+
+    before = redis_ms(client)
+    status, remaining = rd.store.lock_take("order:42", "tok", 5000, call_id, 3000)
+    after = redis_ms(client)
+    assert status == 0 and 0 < remaining <= 60_000
+    deferred = rd.find(call_id)
+    assert deferred is not None and deferred.state == "delayed"
+    assert deferred.meta["s"] == "deferred" and deferred.meta["d"] == deliveries
+    assert before + 3000 <= deferred.score_ms <= after + 3000, "due after the retry interval, no later"
+    assert client.zscore(rd.keys.lock_waiters("order:42"), call_id) is not None
+    assert holds(client, rd, outside)
+    assert client.hget(rd.keys.counters, "lock_deferrals") == b"1"
+
+    assert outside.release() is True
+    woken = rd.find(call_id)
+    assert woken is not None and woken.state == "delayed"
+    assert woken.score_ms <= redis_ms(client), "the release makes the first waiter due now"
+    [again] = rd.store.claim(10, 30_000)
+    assert (again.id, again.deliveries) == (call_id, deliveries + 1), "a deferral is not a failed delivery"
+    assert rd.store.start(call_id, 30_000) == 1
+    assert rd.store.lock_take("order:42", "tok", 5000, call_id, 3000)[0] == 1
+    assert not client.exists(rd.keys.lock_waiters("order:42")), "the taker leaves the line"
+    assert rd.store.lock_release("order:42", "tok") is True
+
+
+def test_lock_take_for_an_untracked_call_changes_nothing(rd: RedisDelay, client: redis.Redis) -> None:
+    parked = order_task(rd).apply_async(kwargs={"order_id": 42}).id  # delayed, not in flight
+    outside = rd.lock("order:42")
+    assert outside.acquire(blocking=False)
+    before = snapshot(client, rd, "order:42")
+    for call_id in ("never-parked", parked):
+        status, remaining = rd.store.lock_take("order:42", "tok", 5000, call_id, 3000)
+        assert status == -1 and remaining > 0, call_id
+    assert snapshot(client, rd, "order:42") == before
+    assert outside.release() is True
+
+
+# -- the lock= template ---------------------------------------------------------------------------
+
+
+def test_lock_name_fills_the_template_from_the_call(rd: RedisDelay) -> None:
+    @rd.delayed(name=unique("handle"), lock="{kind}:{order_id}:{flag}")
+    def handle(order_id: int, kind: str = "order", flag: bool = False) -> None: ...
+
+    assert handle.lock_name((42,), {}) == "order:42:False"
+    assert handle.lock_name((), {"order_id": 7, "kind": "refund"}) == "refund:7:False"
+    assert handle.lock_name((1, "x", True), {}) == "x:1:True"
+
+    @rd.delayed(name=unique("ship"), lock="order:{order.id}/{lines[0]}/{meta[region]}")
+    def ship(order: Any, lines: list[str], meta: dict[str, str]) -> None: ...
+
+    assert ship.lock_name((SimpleNamespace(id=9), ["a"], {"region": "eu"}), {}) == "order:9/a/eu"
+
+    @rd.delayed(name=unique("bound"), lock="user:{user_id}", bind=True)
+    def bound(self: Any, user_id: int) -> None: ...
+
+    assert bound.lock_name((5,), {}) == "user:5"
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"lock": "order:{order}"}, "not an argument"),
+        ({"lock": "order:{0}"}, "not an argument"),
+        ({"lock": "{"}, "malformed"),
+        ({"lock": "}"}, "malformed"),
+        ({"lock": ""}, "non-empty"),
+        ({"lock": "x:{order_id}", "lock_timeout": 0}, "lock_timeout"),
+        ({"lock": "x:{order_id}", "lock_timeout": -1}, "lock_timeout"),
+        ({"lock": "x:{order_id}", "lock_retry": 0}, "lock_retry"),
+        ({"lock": "x:{order_id}", "lock_timeout": "5"}, "lock_timeout"),
+    ],
+)
+def test_decoration_refuses_lock_options_that_cannot_work(rd: RedisDelay, options: dict[str, Any], match: str) -> None:
+    decorate = rd.delayed(name=unique("refused"), **options)
+    with pytest.raises(ConfigurationError, match=match):
+        decorate(process_order)
+
+
+@pytest.mark.parametrize("template", ["order:{order_id!x}", "order:{order_id.}", "order:{order_id:{nope}}"])
+def test_decoration_refuses_templates_no_call_can_fill(rd: RedisDelay, template: str) -> None:
+    decorate = rd.delayed(name=unique("never"), lock=template)
+    with pytest.raises(ConfigurationError):
+        decorate(process_order)
+
+
+def test_apply_async_refuses_arguments_the_template_cannot_fill(rd: RedisDelay) -> None:
+    @rd.delayed(name=unique("fill"), lock="order:{order[id]}")
+    def fill(order: Any, note: str = "") -> None: ...
+
+    @rd.delayed(name=unique("attr"), lock="order:{order.id}")
+    def attr(order: Any) -> None: ...
+
+    before = rd.stats()
+    with pytest.raises(ConfigurationError, match="cannot be filled"):
+        fill.apply_async(args=[{"number": 1}])  # no 'id' in the dict
+    with pytest.raises(ConfigurationError, match="cannot be filled"):
+        attr.delay(42)  # an int has no attribute 'id'
+    with pytest.raises(TypeError, match="do not fit its signature"):
+        fill.apply_async(kwargs={"note": "no order"})
+    assert rd.stats() == before, "nothing may be parked"
+
+
+# -- eager mode -----------------------------------------------------------------------------------
+
+
+def test_an_eager_call_holds_the_lock_while_it_runs(make_app: MakeApp, client: redis.Redis) -> None:
+    _, rd = make_app(task_always_eager=True)
+    seen: list[bytes | None] = []
+
+    @rd.delayed(name=unique("job"), lock="job:{n}")
+    def job(n: int) -> int:
+        seen.append(client.get(rd.keys.lock(f"job:{n}")))
+        return n * 2
+
+    @rd.delayed(name=unique("broken"), lock="job:{n}")
+    def broken(n: int) -> None:
+        seen.append(client.get(rd.keys.lock(f"job:{n}")))
+        raise RuntimeError("boom")
+
+    before = rd.stats()
+    assert job.delay(21).get() == 42
+    assert broken.delay(22).failed()
+    assert len(seen) == 2 and all(token for token in seen), "the body ran without the lock"
+    assert not client.exists(rd.keys.lock("job:21")) and not client.exists(rd.keys.lock("job:22"))
+    assert rd.stats() == before, "an eager call is not parked"
+
+    holder = rd.lock("job:23")
+    assert holder.acquire(blocking=False)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(lambda: job.delay(23).get())
+        wait_for(lambda: blocked_waiter(client), WAIT, "the eager call to wait for the lock")
+        assert not waiting.done() and len(seen) == 2
+        assert holder.release() is True
+        assert waiting.result(WAIT) == 46
+    assert not client.exists(rd.keys.lock("job:23"))
+
+
+# -- keys of the wrong type -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["lock", "lock_waiters"])
+def test_a_lock_key_of_the_wrong_type_is_refused(rd: RedisDelay, client: redis.Redis, which: str) -> None:
+    key = getattr(rd.keys, which)("order:7")
+    client.hset(key, "someone", "else") if which == "lock" else client.set(key, "not a zset")
+    before = snapshot(client, rd, "order:7")
+    lock = rd.lock("order:7")
+    with pytest.raises(StoreUnavailableError, match="WRONGTYPE"):
+        lock.acquire(blocking=False)
+    assert not lock.owned
+    assert snapshot(client, rd, "order:7") == before
