@@ -12,10 +12,10 @@ from typing import Any, TypeVar, overload
 import redis
 from celery import Celery, signals
 
-from . import tracking
+from . import tracking, wire
 from .batch import BatchedTask, check_batch_options
 from .envelope import Envelope
-from .errors import PayloadError, RedisDelayError, ScheduleError
+from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
 from .keys import Keyspace
 from .locks import Lock
 from .producer import ParkingProducer, accepted_content_types
@@ -36,6 +36,26 @@ _EXTENSIONS: weakref.WeakKeyDictionary[Celery, RedisDelay] = weakref.WeakKeyDict
 
 # Decorator options that are ours; everything else goes to ``app.task``.
 _OPTION_ATTRIBUTES = {"countdown": "default_countdown", "timeout": "visibility_timeout"}
+
+
+def broker_is_store(app: Any, client: redis.Redis) -> bool:
+    """Whether the app's broker is a Redis on the server and database ``client`` talks to."""
+    connection = app.connection_for_write()
+    try:
+        if connection.transport_cls not in ("redis", "rediss"):
+            return False
+        store = client.connection_pool.connection_kwargs
+        try:
+            database = int(str(connection.virtual_host or "0").strip("/") or 0)
+        except ValueError:
+            return False
+        return (
+            (connection.hostname or "localhost") == store.get("host", "localhost")
+            and int(connection.port or 6379) == int(store.get("port", 6379))
+            and database == int(store.get("db", 0))
+        )
+    finally:
+        connection.release()
 
 
 class RedisDelay:
@@ -98,8 +118,31 @@ class RedisDelay:
         return accepted_content_types(self.app.conf.accept_content)
 
     @cached_property
+    def fast_release(self) -> bool:
+        """Whether parked calls are stored as broker messages that the release script pushes itself.
+
+        ``redisdelay_fast_release`` None (the default) turns it on when the broker is a Redis on the
+        same server and database as the store; True insists on it; False keeps the kombu path.
+        """
+        wanted = self.settings.fast_release
+        if wanted is False:
+            return False
+        shared = broker_is_store(self.app, self.client)
+        if wanted and not shared:
+            raise ConfigurationError(
+                "redisdelay_fast_release is True, but the broker is not a Redis on the same server and database "
+                "as redisdelay_url; set it to None (automatic) or False"
+            )
+        return shared
+
+    @cached_property
+    def broker_layout(self) -> wire.BrokerLayout:
+        return wire.BrokerLayout.of(self.app)
+
+    @cached_property
     def releaser(self) -> Releaser:
-        return Releaser(self.app, self.store, self.settings)
+        lists = self.broker_layout.list_keys(self.app) if self.fast_release else None
+        return Releaser(self.app, self.store, self.settings, lists)
 
     def _on_configured(self, sender: Any = None, source: Any = None, **_: Any) -> None:
         if sender is self.app and source is not None:
@@ -190,7 +233,8 @@ class RedisDelay:
 
         def park(envelope: Envelope) -> tuple[int, str]:
             try:
-                encoded = envelope.encode()
+                fast = wire.build(self.app, self.broker_layout, envelope) if self.fast_release else None
+                encoded = fast or envelope.encode()
             except (TypeError, ValueError) as exc:
                 raise PayloadError(
                     f"cannot store the message of {envelope.task}: its headers or options are not "

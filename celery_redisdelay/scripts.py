@@ -15,6 +15,7 @@ from redis.commands.core import Script
 STORE_SCRIPTS = (
     "park",
     "claim",
+    "release",
     "confirm",
     "unclaim",
     "start",

@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_claim_timeout": 30.0,
     "redisdelay_max_deliveries": 10,
     "redisdelay_release_batch": 500,
+    "redisdelay_fast_release": None,
 }
 
 
@@ -48,6 +49,7 @@ class Settings:
     claim_timeout: float
     max_deliveries: int
     release_batch: int
+    fast_release: bool | None = None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -75,7 +77,15 @@ class Settings:
             claim_timeout=float(positive_setting(conf, "redisdelay_claim_timeout")),
             max_deliveries=int(positive_setting(conf, "redisdelay_max_deliveries", integer=True)),
             release_batch=int(positive_setting(conf, "redisdelay_release_batch", integer=True)),
+            fast_release=_optional_bool(conf, "redisdelay_fast_release"),
         )
+
+
+def _optional_bool(conf: Mapping[str, Any], name: str) -> bool | None:
+    value = conf.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise ConfigurationError(f"{name} must be True, False or None (automatic), not {value!r}")
+    return value
 
 
 def _redis_broker_url(conf: Mapping[str, Any]) -> str:

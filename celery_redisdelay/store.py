@@ -140,6 +140,19 @@ class CallStore:
         calls = [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
         return calls, int(examined)
 
+    def release(
+        self, limit: int, claim_timeout_ms: int, queue_timeout_ms: int, lists: Sequence[str]
+    ) -> tuple[list[Claimed], int, int]:
+        """The fast path: push due calls stored as broker messages for ``lists`` straight onto them.
+
+        Returns (calls claimed for the generic path, due ids examined, calls pushed).
+        """
+        examined, pushed, *flat = self._run(
+            "release", [limit, claim_timeout_ms, queue_timeout_ms], "release due calls", lists
+        )
+        calls = [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        return calls, int(examined), int(pushed)
+
     def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int) -> int:
         if not call_ids:
             return 0

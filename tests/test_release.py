@@ -228,8 +228,9 @@ GARBAGE: list[Any] = [
 
 @pytest.mark.parametrize("spoil", GARBAGE)
 def test_garbage_envelope_is_dead_lettered_and_the_good_ones_released(
-    rd: RedisDelay, client: redis.Redis, spoil: Callable[[bytes], bytes]
+    make_app: MakeApp, client: redis.Redis, spoil: Callable[[bytes], bytes]
 ) -> None:
+    _, rd = make_app(redisdelay_fast_release=False)  # spoil the generic path's envelope (test_wire: the other)
     echo = echo_task(rd)
     first = echo.apply_async(("first",), countdown=0).id
     last = echo.apply_async(("last",), countdown=0).id

@@ -125,6 +125,7 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_claim_timeout",
         "redisdelay_max_deliveries",
         "redisdelay_release_batch",
+        "redisdelay_fast_release",
     }
 
 

@@ -1,0 +1,183 @@
+"""Benchmarks of celery-redisdelay, each against a baseline measured in the same run.
+
+Usage::
+
+    python -m bench                       # every figure, normal sizes (a few minutes)
+    python -m bench --quick               # small sizes: a smoke test, well under a minute
+    python -m bench --only park_single,release
+    python -m bench --json /tmp/out.json  # default: bench/results.json
+
+(``python3 dev.py bench`` runs the same with the project's virtualenv.)
+
+One command does everything: it starts its own redis-server on a free 127.0.0.1 port
+(``celery_redisdelay.testing.RedisServer``; ``$REDISDELAY_REDIS_SERVER`` picks the binary), the
+workers, beat and releaser each figure needs (``celery -A bench.app ...``, configured through
+``$REDISDELAY_BENCH_URL``), and stops everything it started, by PID, before it exits. It prints
+progress as it goes, then a table (figure, ours, baseline, ratio = ours / baseline, target, met) and
+writes the results as JSON. A figure that fails is reported as failed and the others still run; the
+exit status is 1 when any figure failed (a target not met does not change it).
+
+Figures (normal size, quick size in brackets):
+
+park_single
+    Calls/s of a delayed task's ``apply_async(countdown=60)``, one call at a time, against Celery's own
+    ``apply_async(countdown=60)`` of a plain ``@app.task`` on the same broker (nobody consumes).
+    5,000 [500] calls each. Target: ratio >= 1.5.
+park_bulk
+    Calls/s of ``task.park_many(list_of_args, countdown=60)`` when the delayed task has it ("not
+    implemented" otherwise), against a raw redis-py pipeline writing the same stored payload with one
+    ZADD + HSET per call, 1000 calls per round trip. 50,000 [2,000] calls. Target: >= 50,000 calls/s
+    and >= 0.5x the raw pipeline.
+release
+    Calls/s of ``rd.tick()`` releasing a backlog of 100,000 [5,000] due calls to the broker (copies of
+    one really parked call, written into the store with a pipeline), against a loop of Celery's
+    ``send_task`` (5,000 [500] calls) and against a raw Lua mover (ZRANGEBYSCORE LIMIT 1000 + HGET +
+    LPUSH + ZREM + HDEL) over the same number of copies. Target: >= 40x send_task and >= 100,000
+    calls/s; the ratio to the raw mover is reported.
+worker_memory
+    RSS growth of a fresh ``--pool solo`` worker's process (VmRSS of the process that holds prefetched
+    messages) when 50,000 [2,000] calls are parked with countdown=3600 for its queue, against a second
+    fresh worker prefetching 50,000 [2,000] plain tasks sent with countdown=3600 (measured once its
+    queue is empty and its RSS stops growing). Target: ours < +5 MB.
+lateness
+    Due time to task start (Redis clock), p50 and p99 over 300 [100] calls due over 3 [2] s, with
+    1,000 and 1,000,000 [20,000] calls parked in the background (scaled down, and reported, when the
+    machine's MemAvailable cannot hold them twice over). For the beat tick (worker + beat,
+    ``redisdelay_tick_interval=1.0``): target p99 <= 1050 ms. For the precise releaser when the
+    package has one (``celery -A bench.app redisdelay releaser``, with
+    ``redisdelay_precise_release=True``): target p50 < 5 ms, p99 < 20 ms. Both: the large-backlog p99
+    at most 1.3x the small-backlog p99.
+redis_memory_per_call
+    Redis ``used_memory`` growth / N for N = 5,000 [500] calls parked with ``apply_async``, against N
+    plain Celery messages waiting in a broker queue. Reported, no target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from celery_redisdelay.testing import RedisServer
+
+from .context import Context
+from .figures import FIGURES
+from .processes import ROOT, mem_available_bytes
+from .report import FAILED, NOT_IMPLEMENTED, Row, table, write_json
+
+DEFAULT_JSON = ROOT / "bench" / "results.json"
+
+_started = time.monotonic()
+
+
+def say(text: str) -> None:
+    print(f"[{time.monotonic() - _started:6.1f}s] {text}", flush=True)
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM ends the run like Ctrl-C, so the ``finally`` blocks stop what was started."""
+    raise SystemExit(128 + signum)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
+    parser.add_argument("--only", metavar="NAME[,NAME]", help=f"run only these figures: {', '.join(FIGURES)}")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the results ({DEFAULT_JSON})")
+    args = parser.parse_args(argv)
+    if args.only:
+        names = [name.strip() for name in args.only.split(",") if name.strip()]
+        unknown = [name for name in names if name not in FIGURES]
+        if unknown or not names:
+            parser.error(f"unknown figure(s) {', '.join(unknown) or '(none)'}; choose from {', '.join(FIGURES)}")
+        args.names = [name for name in FIGURES if name in names]
+    else:
+        args.names = list(FIGURES)
+    return args
+
+
+def run_figure(ctx: Context, name: str) -> dict[str, Any]:
+    """Run one figure; a failure becomes a result saying so, and whatever it started is stopped."""
+    say(f"{name}: start")
+    started = time.monotonic()
+    try:
+        result = FIGURES[name](ctx)
+        rows = result.get("rows") or []
+        implemented = any(row["ours"] != NOT_IMPLEMENTED for row in rows)
+        result = {"status": "ok" if implemented else NOT_IMPLEMENTED, **result}
+    except Exception as exc:  # noqa: BLE001 - one figure's failure must not stop the others
+        traceback.print_exc()
+        error = f"{type(exc).__name__}: {exc}"
+        result = {"status": FAILED, "error": error, "rows": [Row(name, FAILED, "", target=error[:60]).as_dict()]}
+    finally:
+        ctx.processes.stop_all()
+    result["seconds"] = round(time.monotonic() - started, 1)
+    say(f"{name}: {result['status']} in {result['seconds']} s")
+    return result
+
+
+def git_revision() -> str:
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return done.stdout.strip() or "?"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    figures: dict[str, dict[str, Any]] = {}
+    server = RedisServer()
+    ctx: Context | None = None
+    try:
+        server.start()
+        redis_version = server.version()
+        say(f"redis-server {redis_version} ({server.binary}) on {server.url}, pid {server.process.pid}")  # type: ignore[union-attr]
+        ctx = Context(server.url, quick=args.quick, say=say)
+        for name in args.names:
+            figures[name] = run_figure(ctx, name)
+    finally:
+        if ctx is not None:
+            ctx.close()
+        server.stop()
+    data = {
+        "meta": {
+            "started_at": started_at,
+            "seconds": round(time.monotonic() - _started, 1),
+            "quick": args.quick,
+            "sizes": asdict(ctx.sizes) if ctx is not None else {},
+            "redis_server": redis_version,
+            "python": platform.python_version(),
+            "celery": version("celery"),
+            "kombu": version("kombu"),
+            "redis_py": version("redis"),
+            "revision": git_revision(),
+            "cpus": os.cpu_count(),
+            "mem_available_bytes": mem_available_bytes(),
+        },
+        "figures": figures,
+    }
+    print()
+    print(table(figures))
+    write_json(args.json, data)
+    say(f"results written to {args.json}")
+    return 1 if any(result["status"] == FAILED for result in figures.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The Celery app the benchmarks run, in the bench process and in the worker, beat and releaser it starts.
+
+Configured from the environment, which ``python -m bench`` sets for every process it starts:
+
+``REDISDELAY_BENCH_URL``
+    ``redis://host:port`` without a database; the broker and the call store use database 0.
+``REDISDELAY_BENCH_TICK``
+    ``redisdelay_tick_interval`` in seconds (default 1.0).
+``REDISDELAY_BENCH_PRECISE``
+    ``1`` sets ``redisdelay_precise_release=True`` (for the precise releaser, when the package has one).
+
+The bench process builds further apps with :func:`build` (for example one with precise release on to
+park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_redisdelay import RedisDelay
+
+ENV_URL = "REDISDELAY_BENCH_URL"
+ENV_TICK = "REDISDELAY_BENCH_TICK"
+ENV_PRECISE = "REDISDELAY_BENCH_PRECISE"
+
+#: The queue the tick and the lateness calls go to; every other figure names a queue of its own.
+DEFAULT_QUEUE = "bench"
+KEY_PREFIX = "bench"
+
+
+@dataclass
+class BenchApp:
+    """A Celery app with celery-redisdelay and the benchmark's tasks."""
+
+    url: str
+    app: Celery
+    rd: RedisDelay
+    delayed_noop: Any  # @rd.delayed: parks
+    plain_noop: Any  # @app.task: Celery's own countdown, the baseline
+    stamp: Any  # @rd.delayed: records when it starts, by the Redis clock
+
+
+def server_ms(client: redis.Redis) -> int:
+    """The Redis server's clock in ms, the clock due times are scored by."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def build(url: str, *, tick_interval: float = 1.0, precise: bool = False, set_as_current: bool = False) -> BenchApp:
+    """A benchmark app on the Redis at ``url`` (no database in the URL)."""
+    app: Any = Celery("bench", broker=f"{url}/0", set_as_current=set_as_current)
+    conf: dict[str, Any] = {
+        "redisdelay_url": f"{url}/0",
+        "redisdelay_key_prefix": KEY_PREFIX,
+        "redisdelay_tick_interval": tick_interval,
+        "task_default_queue": DEFAULT_QUEUE,
+        "task_ignore_result": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_hijack_root_logger": False,
+        "broker_connection_retry_on_startup": True,
+    }
+    if precise:
+        conf["redisdelay_precise_release"] = True
+    app.conf.update(conf)
+    rd = RedisDelay(app)
+    marks = redis.Redis.from_url(f"{url}/0")
+
+    @rd.delayed(name="bench.delayed_noop")
+    def delayed_noop(i: int = 0) -> int:
+        return i
+
+    def plain(i: int = 0) -> int:
+        return i
+
+    plain_noop = app.task(name="bench.plain_noop", shared=False)(plain)
+
+    @rd.delayed(name="bench.stamp", bind=True)
+    def stamp(self: Any, key: str, i: int = 0) -> None:
+        """Record ``<call id> <Redis time in ms>`` as the first thing the call does."""
+        marks.rpush(key, f"{self.request.id} {server_ms(marks)}")
+
+    return BenchApp(url, app, rd, delayed_noop, plain_noop, stamp)
+
+
+def from_environment() -> BenchApp:
+    return build(
+        os.environ.get(ENV_URL, "redis://127.0.0.1:6379"),
+        tick_interval=float(os.environ.get(ENV_TICK, "1.0")),
+        precise=os.environ.get(ENV_PRECISE) == "1",
+        set_as_current=True,
+    )
+
+
+bench = from_environment()
+app = bench.app
+rd = bench.rd

@@ -1,0 +1,25 @@
+"""The figures, in the order a full run measures them. Each takes the run's context and returns a dict
+with ``rows`` (table rows, see :class:`bench.report.Row`) and ``details``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..context import Context
+from .lateness import lateness
+from .park import park_bulk, park_single
+from .redis_memory import redis_memory_per_call
+from .release import release
+from .worker_memory import worker_memory
+
+Figure = Callable[[Context], dict[str, Any]]
+
+FIGURES: dict[str, Figure] = {
+    "park_single": park_single,
+    "park_bulk": park_bulk,
+    "release": release,
+    "worker_memory": worker_memory,
+    "lateness": lateness,
+    "redis_memory_per_call": redis_memory_per_call,
+}

@@ -1,0 +1,109 @@
+"""Releasing a backlog of due calls: ``rd.tick()`` against a ``send_task`` loop and a raw Lua mover."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..context import Context
+from ..fill import park_copies, template, write_copies
+from ..report import Row, ratio
+
+RELEASE_QUEUE = "bench-release"  # where released calls land; nobody consumes it
+SEND_QUEUE = "bench-release-send"
+RAW_ZSET = "bench:raw:delayed"
+RAW_HASH = "bench:raw:payloads"
+RAW_QUEUE = "bench:raw:queue"
+RAW_BATCH = 1000
+DEADLINE = 600.0
+
+#: The least a releaser must do per call: take due ids, read the payload, push it, forget the call.
+RAW_MOVER = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+for _, id in ipairs(ids) do
+    local payload = redis.call('HGET', KEYS[2], id)
+    if payload then
+        redis.call('LPUSH', KEYS[3], payload)
+    end
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('HDEL', KEYS[2], id)
+end
+return #ids
+"""
+
+
+def release(ctx: Context) -> dict[str, Any]:
+    """Calls/s of ``rd.tick()`` releasing N due calls to the broker, vs ``send_task`` and a raw Lua mover."""
+    n = ctx.sizes.release
+    bench, client = ctx.bench, ctx.client
+    rd = bench.rd
+    ctx.clear(RELEASE_QUEUE, SEND_QUEUE, RAW_ZSET, RAW_HASH, RAW_QUEUE)
+    tpl = template(bench, RELEASE_QUEUE)
+    started = time.perf_counter()
+    park_copies(bench, client, tpl, n, 0)
+    ctx.say(f"  {n:,} due calls in the store in {time.perf_counter() - started:.1f} s")
+    if rd.stats()["due"] != n:
+        raise RuntimeError(f"expected {n} due calls, the store has {rd.stats()['due']}")
+
+    ticks = released = 0
+    started = time.perf_counter()
+    while True:
+        report = rd.tick()
+        ticks += 1
+        released += report["released"]
+        if rd.stats()["due"] == 0:
+            break
+        if time.perf_counter() - started > DEADLINE:
+            raise TimeoutError(f"the tick released {released} of {n} calls in {DEADLINE:.0f} s")
+    seconds = time.perf_counter() - started
+    queued = int(client.llen(RELEASE_QUEUE))
+    if released != n or queued != n:
+        raise RuntimeError(f"the tick reported {released} released, the queue holds {queued}, expected {n}")
+    ours = n / seconds
+    ctx.say(f"  rd.tick(): {ours:,.0f} calls/s ({ticks} ticks, {seconds:.1f} s)")
+    ctx.clear(RELEASE_QUEUE)
+
+    m = ctx.sizes.release_send_task
+    app = bench.app
+    for i in range(20):
+        app.send_task("bench.plain_noop", args=(i,), queue=SEND_QUEUE)
+    started = time.perf_counter()
+    for i in range(m):
+        app.send_task("bench.plain_noop", args=(i,), queue=SEND_QUEUE)
+    send_rate = m / (time.perf_counter() - started)
+    ctx.say(f"  send_task loop: {send_rate:,.0f} calls/s")
+    ctx.clear(SEND_QUEUE)
+
+    write_copies(client, tpl, n, 0, zset=RAW_ZSET, payloads=RAW_HASH, meta=None)
+    mover = client.register_script(RAW_MOVER)
+    moved = 0
+    started = time.perf_counter()
+    while True:
+        count = int(mover(keys=[RAW_ZSET, RAW_HASH, RAW_QUEUE], args=[RAW_BATCH]))
+        moved += count
+        if count == 0:
+            break
+    raw_rate = n / (time.perf_counter() - started)
+    if moved != n or int(client.llen(RAW_QUEUE)) != n:
+        raise RuntimeError(f"the raw mover moved {moved} of {n} calls")
+    ctx.say(f"  raw Lua mover: {raw_rate:,.0f} calls/s")
+    ctx.clear(RAW_ZSET, RAW_HASH, RAW_QUEUE)
+
+    vs_send = ratio(ours, send_rate)
+    rows = [
+        Row(
+            "release",
+            ours,
+            "calls/s",
+            send_rate,
+            "send_task loop",
+            vs_send,
+            ">= 40x and >= 100,000 calls/s",
+            vs_send is not None and vs_send >= 40 and ours >= 100_000,
+        ),
+        Row("release vs raw mover", ours, "calls/s", raw_rate, "raw Lua mover", ratio(ours, raw_rate), "", None),
+    ]
+    details = {"calls": n, "ticks": ticks, "ours_seconds": seconds, "send_task_calls": m, "raw_batch": RAW_BATCH}
+    return {"rows": [row.as_dict() for row in rows], "details": details}

@@ -1,0 +1,77 @@
+"""Parked calls in bulk, without parking them one by one: copies of one real parked call.
+
+One call is parked through ``apply_async``; its stored envelope and metadata are read back, and
+copies are written straight into the store with a pipeline, each under a fresh id (uuid4 hex) that
+also replaces the original id inside the envelope (headers ``id`` and ``root_id``, ``correlation_id``).
+The store then holds what parking the calls one by one would have left, only much faster.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .app import BenchApp
+
+CHUNK = 1000
+
+
+@dataclass(frozen=True)
+class Template:
+    """A parked call as stored: its id, envelope and metadata."""
+
+    call_id: str
+    payload: bytes
+    meta: bytes
+
+
+def template(bench: BenchApp, queue: str) -> Template:
+    """Park one real call of ``bench.delayed_noop`` routed to ``queue``, read it back and take it out again."""
+    rd = bench.rd
+    result = bench.delayed_noop.apply_async((0,), countdown=3600, queue=queue)
+    client: Any = rd.client
+    payload, meta = client.hmget(rd.keys.payloads, result.id), client.hmget(rd.keys.meta, result.id)
+    if payload[0] is None or meta[0] is None:
+        raise RuntimeError(f"call {result.id} was parked but its payload or metadata is not in the store")
+    if not rd.cancel(result.id):
+        raise RuntimeError(f"could not take template call {result.id} out of the store")
+    return Template(result.id, bytes(payload[0]), bytes(meta[0]))
+
+
+def write_copies(
+    client: redis.Redis,
+    template: Template,
+    count: int,
+    score_ms: float,
+    *,
+    zset: str,
+    payloads: str,
+    meta: str | None,
+    chunk: int = CHUNK,
+) -> None:
+    """Write ``count`` copies of ``template`` scored ``score_ms``: one ZADD and one HSET (or two) per chunk."""
+    old = template.call_id.encode()
+    for start in range(0, count, chunk):
+        ids = [uuid.uuid4().hex.encode() for _ in range(min(chunk, count - start))]
+        members: list[Any] = []
+        envelopes: list[Any] = []
+        metas: list[Any] = []
+        for call_id in ids:
+            members += (score_ms, call_id)
+            envelopes += (call_id, template.payload.replace(old, call_id))
+            metas += (call_id, template.meta)
+        pipe: Any = client.pipeline(transaction=False)
+        pipe.execute_command("ZADD", zset, *members)
+        pipe.execute_command("HSET", payloads, *envelopes)
+        if meta is not None:
+            pipe.execute_command("HSET", meta, *metas)
+        pipe.execute()
+
+
+def park_copies(bench: BenchApp, client: redis.Redis, template: Template, count: int, score_ms: float) -> None:
+    """``count`` copies of ``template`` in the call store, due at ``score_ms``."""
+    keys = bench.rd.keys
+    write_copies(client, template, count, score_ms, zset=keys.delayed, payloads=keys.payloads, meta=keys.meta)

@@ -1,0 +1,142 @@
+"""The worker, beat and releaser subprocesses a figure needs, stopped by PID; worker memory from /proc."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from celery_redisdelay.testing import CeleryProcess, wait_for
+from celery_redisdelay.testing import beat as beat_process
+
+from .app import ENV_PRECISE, ENV_TICK, ENV_URL
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = "bench.app"
+READY_TIMEOUT = 60.0
+
+
+def rss_mb(pid: int) -> float:
+    """VmRSS of one process (not its children), in MB (2**20 bytes)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def mem_available_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+class Processes:
+    """Starts ``celery -A bench.app ...`` subprocesses for one Redis, and stops every one it started."""
+
+    def __init__(self, url: str, say: Callable[[str], None]) -> None:
+        self.url = url
+        self.say = say
+        self.running: list[CeleryProcess] = []
+
+    def env(self, *, tick_interval: float = 1.0, precise: bool = False) -> dict[str, str]:
+        return {
+            ENV_URL: self.url,
+            ENV_TICK: str(tick_interval),
+            ENV_PRECISE: "1" if precise else "0",
+            "PYTHONPATH": str(ROOT),
+        }
+
+    def _start(self, command: list[str], env: dict[str, str]) -> CeleryProcess:
+        return self._track(CeleryProcess(APP, command, env, str(ROOT)))
+
+    def _track(self, process: CeleryProcess) -> CeleryProcess:
+        self.running.append(process)
+        process.start()
+        return process
+
+    def worker(
+        self,
+        name: str,
+        *,
+        queues: str,
+        pool: str = "prefork",
+        concurrency: int = 1,
+        tick_interval: float = 1.0,
+        precise: bool = False,
+    ) -> CeleryProcess:
+        """A worker, waited for until it is ready."""
+        command = [
+            "worker",
+            "--loglevel=INFO",
+            f"--pool={pool}",
+            f"--concurrency={concurrency}",
+            f"--hostname={name}@%h",
+            f"--queues={queues}",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ]
+        process = self._start(command, self.env(tick_interval=tick_interval, precise=precise))
+        self.wait_ready(process)
+        self.say(f"  worker {name} ready (pid {process.pid}, pool {pool}, queues {queues})")
+        return process
+
+    def wait_ready(self, process: CeleryProcess, marker: str = "ready.") -> None:
+        def ready() -> bool:
+            self.check_alive(process)
+            return marker in process.output()
+
+        wait_for(ready, READY_TIMEOUT, f"celery {process.command[0]} to be ready", interval=0.1)
+
+    def beat(self, *, tick_interval: float) -> CeleryProcess:
+        process = self._track(beat_process(APP, env=self.env(tick_interval=tick_interval), cwd=str(ROOT)))
+        self.wait_ready(process, "beat: Starting")
+        self.say(f"  beat started (pid {process.pid}, tick every {tick_interval} s)")
+        return process
+
+    def releaser(self, *, settle: float = 2.0) -> CeleryProcess:
+        """The package's precise releaser (``celery redisdelay releaser``), with precise release on."""
+        process = self._start(["redisdelay", "releaser"], self.env(precise=True))
+        time.sleep(settle)
+        self.check_alive(process)
+        self.say(f"  releaser started (pid {process.pid})")
+        return process
+
+    def has_releaser(self) -> bool:
+        """Whether the package has a precise releaser command: ``celery -A bench.app redisdelay releaser --help``."""
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "celery", "-A", APP, "redisdelay", "releaser", "--help"],
+                env={**os.environ, **self.env(precise=True)},
+                cwd=str(ROOT),
+                capture_output=True,
+                timeout=60,
+            )
+        except subprocess.TimeoutExpired:
+            return False
+        return done.returncode == 0
+
+    def check_alive(self, process: CeleryProcess) -> None:
+        if process.process is not None and process.process.poll() is not None:
+            tail = process.output()[-2000:]
+            raise RuntimeError(f"celery {process.command[0]} exited with status {process.process.returncode}:\n{tail}")
+
+    def stop(self, process: CeleryProcess, *, kill: bool = False) -> None:
+        """Stop one process (SIGKILL at once with ``kill``: nothing it holds is wanted) and remove its files."""
+        if kill:
+            process.kill()
+        process.stop()
+        process.remove_files()
+        if process in self.running:
+            self.running.remove(process)
+
+    def stop_all(self) -> None:
+        for process in list(reversed(self.running)):
+            try:
+                self.stop(process)
+            except Exception as exc:  # noqa: BLE001 - stop the others anyway
+                self.say(f"  could not stop pid {process.pid}: {exc!r}")

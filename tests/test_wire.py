@@ -1,0 +1,162 @@
+"""The fast release path: the message the release script pushes is the message kombu would push.
+
+Each case parks the same call twice, once on an app with the fast path and once with
+``redisdelay_fast_release=False`` (kombu publishes), releases both and compares the two broker
+messages field by field; only the delivery tag (unique per delivery) differs. Then a stock Celery
+worker's view is checked: the message decodes to the same task, arguments and options.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from kombu import Exchange, Queue
+
+from celery_redisdelay import ConfigurationError, RedisDelay
+from celery_redisdelay.envelope import Envelope, EnvelopeError
+from celery_redisdelay.wire import PREFIX, BrokerLayout, split
+
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+
+
+def pair(make_app: MakeApp, **conf: Any) -> tuple[RedisDelay, RedisDelay]:
+    """Two extensions alike but for the release path, sharing one queue setup."""
+    queue = f"queue-{uuid.uuid4().hex[:8]}"
+    common = {"task_default_queue": queue, **conf}
+    _, fast = make_app(**common)
+    _, slow = make_app(redisdelay_fast_release=False, **common)
+    assert fast.fast_release is True
+    assert slow.fast_release is False
+    return fast, slow
+
+
+def task_on(rd: RedisDelay, **options: Any) -> Any:
+    @rd.delayed(name="tests.wire.send", **options)
+    def send(x: Any, y: Any = None) -> None: ...
+
+    return send
+
+
+def released(rd: RedisDelay, client: redis.Redis, keys: list[str]) -> list[dict[str, Any]]:
+    before = {key: client.llen(key) for key in keys}
+    assert rd.tick()["released"] == 1
+    grown = [key for key in keys if client.llen(key) > before[key]]
+    assert len(grown) == 1, f"expected one list to grow, got {grown}"
+    message = json.loads(client.lpop(grown[0]))  # type: ignore[arg-type]
+    return [message, {"list": grown[0]}]
+
+
+def comparable(message: dict[str, Any]) -> dict[str, Any]:
+    """A message minus what differs between two apps and two instants: the delivery tag, the app's
+    reply queue, the absolute expiry computed at call time (present or not, it must agree)."""
+    properties = {k: v for k, v in message["properties"].items() if k not in ("delivery_tag", "reply_to")}
+    headers = {**message["headers"], "expires": message["headers"].get("expires") is not None}
+    return {**message, "properties": properties, "headers": headers}
+
+
+CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("default", {}, {}),
+    ("priority", {}, {"priority": 7}),
+    ("low priority", {}, {"priority": 2}),
+    ("headers and expiry", {}, {"headers": {"tenant": "t1"}, "expires": 3600, "time_limit": 5}),
+    ("pickle", {"task_serializer": "pickle", "accept_content": ["json", "pickle"]}, {"args": ({1, 2}, b"\xff")}),
+    ("compressed", {}, {"compression": "zlib"}),
+    ("transient", {}, {"delivery_mode": 1}),
+]
+
+
+@pytest.mark.parametrize(("name", "conf", "options"), CASES, ids=[case[0] for case in CASES])
+def test_fast_and_kombu_paths_push_identical_messages(
+    make_app: MakeApp, client: redis.Redis, name: str, conf: dict[str, Any], options: dict[str, Any]
+) -> None:
+    fast, slow = pair(make_app, **conf)
+    options = dict(options)
+    args = options.pop("args", (1,))
+    kwargs = {"y": [3]} if len(args) == 1 else {}
+    keys = fast.broker_layout.list_keys(fast.app)
+    messages = []
+    for rd in (fast, slow):
+        result = task_on(rd).apply_async(args, kwargs, countdown=0, task_id=f"same-id-{name}", **options)
+        payload = rd.find(result.id).envelope  # type: ignore[union-attr]
+        assert payload is not None
+        assert payload.startswith(PREFIX) == (rd is fast)
+        messages.append(released(rd, client, keys))
+    (fast_message, fast_list), (slow_message, slow_list) = messages
+    assert fast_list == slow_list
+    assert comparable(fast_message) == comparable(slow_message)
+    assert fast_message["properties"]["delivery_tag"] == f"same-id-{name}.1"
+
+
+def test_a_routed_queue_and_its_priority_list(make_app: MakeApp, client: redis.Redis) -> None:
+    queue = f"orders-{uuid.uuid4().hex[:6]}"
+    conf = {"task_queues": [Queue(queue, Exchange(queue), routing_key=queue)], "task_default_queue": queue}
+    fast, slow = pair(make_app, **conf)
+    keys = fast.broker_layout.list_keys(fast.app)
+    sep = BrokerLayout().sep
+    assert f"{queue}{sep}6" in keys
+    outs = []
+    for rd in (fast, slow):
+        task_on(rd).apply_async((1,), priority=6, task_id="r1")
+        outs.append(released(rd, client, keys))
+    assert outs[0][1] == outs[1][1] == {"list": f"{queue}{sep}6"}
+    assert comparable(outs[0][0]) == comparable(outs[1][0])
+
+
+def test_a_topic_exchange_takes_the_kombu_path(make_app: MakeApp, client: redis.Redis) -> None:
+    queue = f"topic-{uuid.uuid4().hex[:6]}"
+    topic = Queue(queue, Exchange(queue, type="topic"), routing_key="a.#")
+    _, rd = make_app(task_queues=[topic], task_default_queue=queue)
+    result = task_on(rd).apply_async((1,), queue=queue, routing_key="a.b")
+    payload = rd.find(result.id).envelope  # type: ignore[union-attr]
+    assert payload is not None
+    assert not payload.startswith(PREFIX)
+
+
+def test_a_broker_elsewhere_keeps_the_kombu_path(make_app: MakeApp, redis_server: Any) -> None:
+    _, other_db = make_app(redisdelay_url=f"{redis_server.url}/3")
+    assert other_db.fast_release is False
+    _, forced = make_app(redisdelay_url=f"{redis_server.url}/3", redisdelay_fast_release=True)
+    with pytest.raises(ConfigurationError, match="same server and database"):
+        _ = forced.fast_release
+
+
+def test_stored_broker_message_decodes_to_its_envelope(make_app: MakeApp) -> None:
+    fast, _ = pair(make_app)
+    eta = datetime.now(UTC) + timedelta(hours=1)
+    result = task_on(fast).apply_async((1,), {"y": "z"}, eta=eta, headers={"h": 1})
+    envelope = Envelope.decode(fast.find(result.id).envelope)  # type: ignore[union-attr,arg-type]
+    assert envelope.task == "tests.wire.send"
+    assert envelope.headers["id"] == result.id
+    assert envelope.headers["h"] == 1
+    assert envelope.headers["eta"] is None  # the due time lives in the store, not in the message
+    assert json.loads(envelope.body)[:2] == [[1], {"y": "z"}]
+
+
+@pytest.mark.parametrize(
+    "raw", [PREFIX, PREFIX + b"x:", PREFIX + b"5:ab", PREFIX + b"1:q9:{}", PREFIX + b"1:q2:{}garbage"]
+)
+def test_malformed_broker_messages_are_refused(raw: bytes) -> None:
+    with pytest.raises(EnvelopeError):
+        split(raw) if raw.count(b":") < 3 else Envelope.decode(raw)
+
+
+def test_a_malformed_broker_message_is_dead_lettered_and_the_release_goes_on(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    fast, _ = pair(make_app)
+    task = task_on(fast)
+    bad = task.apply_async((1,), countdown=0)
+    good = task.apply_async((2,), countdown=0)
+    client.hset(fast.keys.payloads, bad.id, PREFIX + b"3:abc7:{broken")
+    report = fast.tick()
+    assert report["released"] == 1
+    assert report["dead"] == 1
+    assert fast.find(bad.id).state == "dead"  # type: ignore[union-attr]
+    assert fast.find(good.id).state == "inflight"  # type: ignore[union-attr]
