@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from typing import Any
 
 import click
 
 from .extension import RedisDelay
+from .precise import PreciseReleaser
 from .store import STATES
 from .validation import run_validation
 
@@ -33,6 +36,26 @@ def _emit(data: Any, as_json: bool) -> None:
 @click.group()
 def redisdelay() -> None:
     """Delayed calls kept in Redis by celery-redisdelay."""
+
+
+@redisdelay.command()
+@click.option(
+    "--longest-sleep", type=click.FloatRange(0.01, 60), default=1.0, show_default=True, help="Seconds between looks."
+)
+@click.pass_context
+def releaser(ctx: click.Context, longest_sleep: float) -> None:
+    """Release each call the moment it is due (runs until SIGTERM or Ctrl-C; the beat tick stays the backstop)."""
+    rd = _extension(ctx)
+    running = PreciseReleaser(rd, longest_sleep=longest_sleep)
+
+    def stop(signum: int, frame: Any) -> None:
+        running.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    click.echo(f"redisdelay releaser: releasing calls of {rd.app.main} as they fall due (pid {os.getpid()})")
+    running.run()
+    click.echo(f"redisdelay releaser: stopped after releasing {running.released} calls")
 
 
 @redisdelay.command()

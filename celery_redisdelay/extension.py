@@ -18,6 +18,7 @@ from .envelope import Envelope
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
 from .keys import Keyspace
 from .locks import Lock
+from .precise import PreciseReleaseStep
 from .producer import ParkingProducer, accepted_content_types
 from .release import Releaser, TickReport
 from .schedule import Due, resolve_due
@@ -80,6 +81,7 @@ class RedisDelay:
         app.task(name=TICK_TASK, ignore_result=True, shared=False)(tick)
         register_validation_tasks(self)
         tracking.connect(self)
+        app.steps["worker"].add(PreciseReleaseStep)
         if app.configured:
             self._install_schedule(app.conf)
         app.on_after_configure.connect(self._on_configured, weak=False)

@@ -1,7 +1,7 @@
 """Names of the Redis keys, built in one place.
 
 All keys of the call store share one hash tag (``{prefix}``), so every script runs on one
-Redis Cluster slot: the eight fixed keys, and the per-name keys of batch groups and locks. Validation
+Redis Cluster slot: the nine fixed keys, and the per-name keys of batch groups and locks. Validation
 runs use their own hash tag, one per run.
 """
 
@@ -62,8 +62,12 @@ class Keyspace:
         return self._key("counters")
 
     @property
+    def wake(self) -> str:
+        return self._key("wake")
+
+    @property
     def store_keys(self) -> list[str]:
-        """The eight keys every store script receives, in the order the scripts expect."""
+        """The nine keys every store script receives, in the order the scripts expect."""
         return [
             self.delayed,
             self.inflight,
@@ -73,6 +77,7 @@ class Keyspace:
             self.index,
             self.batches,
             self.counters,
+            self.wake,
         ]
 
     def batch_items(self, group: str) -> str:

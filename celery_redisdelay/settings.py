@@ -22,6 +22,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_max_deliveries": 10,
     "redisdelay_release_batch": 500,
     "redisdelay_fast_release": None,
+    "redisdelay_precise_release": False,
 }
 
 
@@ -50,6 +51,7 @@ class Settings:
     max_deliveries: int
     release_batch: int
     fast_release: bool | None = None
+    precise_release: bool = False
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -78,6 +80,7 @@ class Settings:
             max_deliveries=int(positive_setting(conf, "redisdelay_max_deliveries", integer=True)),
             release_batch=int(positive_setting(conf, "redisdelay_release_batch", integer=True)),
             fast_release=_optional_bool(conf, "redisdelay_fast_release"),
+            precise_release=bool(_optional_bool(conf, "redisdelay_precise_release")),
         )
 
 

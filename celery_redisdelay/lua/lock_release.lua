@@ -1,10 +1,10 @@
 -- lock_release.lua: release a lock if the token still holds it (compare and delete), then wake the
 -- first waiter: a deferred call is made due now, a blocking waiter outside tasks gets a wake-up.
--- KEYS[9]: the lock, KEYS[10]: its waiters, KEYS[11]: the wake-up list of blocking waiters
+-- KEYS[10]: the lock, KEYS[11]: its waiters, KEYS[12]: the wake-up list of blocking waiters
 -- ARGV: 1 token
 -- Returns: 1 released, 0 the lock had expired or another token holds it (nothing changed).
-local LOCK, WAITERS, WAKE = KEYS[9], KEYS[10], KEYS[11]
-local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset') or check_type(WAKE, 'list')
+local LOCK, WAITERS, WAKE_LIST = KEYS[10], KEYS[11], KEYS[12]
+local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset') or check_type(WAKE_LIST, 'list')
 if wrong then
     return wrong
 end
@@ -19,14 +19,16 @@ for _ = 1, 100 do
         break
     end
     if redis.call('ZSCORE', DELAYED, first) then
-        redis.call('ZADD', DELAYED, now_ms(), first)
+        local now = now_ms()
+        mark_if_earliest(now, first)
+        redis.call('ZADD', DELAYED, now, first)
         break
     elseif redis.call('ZSCORE', INFLIGHT, first) then
         break  -- already on its way to try again
     end
     redis.call('ZREM', WAITERS, first)
 end
-redis.call('DEL', WAKE)
-redis.call('RPUSH', WAKE, 1)
-redis.call('PEXPIRE', WAKE, 10000)
+redis.call('DEL', WAKE_LIST)
+redis.call('RPUSH', WAKE_LIST, 1)
+redis.call('PEXPIRE', WAKE_LIST, 10000)
 return 1

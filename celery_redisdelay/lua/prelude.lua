@@ -11,12 +11,15 @@
 --       k the unique/debounce key the call holds while it is parked
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
---   KEYS[8] counters  hash  batch_items (items waiting in all groups)
+--   KEYS[8] counters  hash  batch_items (items waiting in all groups), lock_deferrals
+--   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
 local DELAYED, INFLIGHT, DEAD, PAYLOADS, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local INDEX, BATCHES, COUNTERS = KEYS[6], KEYS[7], KEYS[8]
-local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash'}
+local INDEX, BATCHES, COUNTERS, WAKE = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash', 'zset'}
+-- Precise releasers need no more markers than this: each one only says "look again now".
+local MOST_MARKERS = 16
 
 -- Refuse to run on keys someone else overwrote: an error here happens before any write.
 local function check_type(key, expected, also)
@@ -99,6 +102,16 @@ local function holder(key)
     return nil
 end
 
+-- Tell precise releasers (which wait on WAKE with BZPOPMIN) that a call is due earlier than the
+-- one they sleep towards. Call it before adding the call to DELAYED.
+local function mark_if_earliest(due, id)
+    local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
+    if first[2] == nil or due < tonumber(first[2]) then
+        redis.call('ZADD', WAKE, due, id)
+        redis.call('ZREMRANGEBYRANK', WAKE, MOST_MARKERS, -1)
+    end
+end
+
 -- Store a call and put it in the delay set, due at ``due``.
 local function store(id, envelope, meta_json, due)
     free_key(id, load_meta(id))
@@ -106,6 +119,7 @@ local function store(id, envelope, meta_json, due)
     redis.call('HSET', META, id, meta_json)
     redis.call('ZREM', INFLIGHT, id)
     redis.call('ZREM', DEAD, id)
+    mark_if_earliest(due, id)
     redis.call('ZADD', DELAYED, due, id)
 end
 

@@ -1,12 +1,12 @@
 -- release.lua: the fast release path. Take due calls; a call stored as a broker message (wire.py)
 -- for one of the queue lists in KEYS is pushed onto that list in this same step and is in flight
 -- with its queue deadline at once. Any other call is claimed for the generic path, as claim.lua does.
--- KEYS[9..]: the queue lists this app's messages may go to (kombu's names, priorities included).
+-- KEYS[10..]: the queue lists this app's messages may go to (kombu's names, priorities included).
 -- ARGV: 1 most calls to take, 2 claim timeout (ms), 3 default queue timeout (ms)
 -- Returns: {examined, pushed, id, payload, deliveries, ...}: due ids looked at, calls pushed, then the
 -- calls claimed for the generic path. Due ids without payload are dead-lettered here.
 local lists = {}
-for i = 9, #KEYS do
+for i = 10, #KEYS do
     local wrong = check_type(KEYS[i], 'list')
     if wrong then
         return wrong

@@ -1,0 +1,131 @@
+"""The precise releaser: releases each call the moment it is due, without polling.
+
+It sleeps until the earliest parked call is due, blocked in ``BZPOPMIN`` on the store's ``wake``
+markers, which the park script adds whenever a call is parked earlier than every other one (seed
+003: blocking waits instead of empty polling); so a new earlier call wakes it at once. The sleep is
+capped (``longest_sleep``), a dropped connection is caught and retried (seed 003 again: an idle
+blocked connection can be closed by the server), and any number of releasers may run beside each
+other and beside the beat tick, which stays as the backstop: every release is one atomic script.
+
+Run it as ``celery -A proj redisdelay releaser``, or inside each worker with
+``redisdelay_precise_release = True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+from celery import bootsteps
+
+from .errors import RedisDelayError
+from .release import TickReport, broker_errors
+
+if TYPE_CHECKING:
+    from .extension import RedisDelay
+
+logger = logging.getLogger(__name__)
+
+#: How long one release round may run before the releaser looks at the clock again.
+ROUND_BUDGET_SECONDS = 1.0
+
+
+class PreciseReleaser:
+    """Release due calls as they fall due; :meth:`run` loops until :meth:`stop`."""
+
+    def __init__(self, rd: RedisDelay, longest_sleep: float = 1.0, retry_after: float = 0.5) -> None:
+        self.rd = rd
+        self.longest_sleep = longest_sleep
+        self.retry_after = retry_after
+        self.stopping = threading.Event()
+        # Its own connection: a blocked BZPOPMIN must not hold one the rest of the app needs.
+        self.client = redis.Redis.from_url(rd.settings.url, health_check_interval=30)
+        self.released = 0
+        with rd.app.producer_or_acquire() as producer:
+            self.errors: tuple[type[BaseException], ...] = (
+                redis.RedisError,
+                RedisDelayError,
+                OSError,
+                *broker_errors(producer),
+            )
+
+    def release_due(self) -> TickReport:
+        """Flush due batch groups and release every due call (bounded by the round budget)."""
+        report = TickReport()
+        deadline = time.monotonic() + ROUND_BUDGET_SECONDS
+        releaser = self.rd.releaser
+        releaser.flush_batches(report, deadline)
+        releaser.release(report, deadline)
+        self.released += report.released
+        return report
+
+    def seconds_to_next(self) -> float:
+        """Seconds until the earliest parked call is due (0: due now), at most ``longest_sleep``."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrange(self.rd.keys.delayed, 0, 0, withscores=True)
+        pipe.time()
+        first, (seconds, micros) = pipe.execute()
+        if not first:
+            return self.longest_sleep
+        now_ms = float(seconds) * 1000 + float(micros) / 1000
+        due_ms = float(first[0][1])
+        return min(max((due_ms - now_ms) / 1000, 0.0), self.longest_sleep)
+
+    def sleep(self) -> None:
+        """Block until the next call is due or an earlier one is parked."""
+        wait = self.seconds_to_next()
+        if wait > 0:
+            self.client.bzpopmin([self.rd.keys.wake], timeout=max(wait, 0.001))
+
+    def run(self) -> None:
+        """Release and sleep until stopped; errors are logged and retried, never fatal."""
+        sweep_every = self.rd.settings.tick_interval
+        last_sweep = 0.0
+        while not self.stopping.is_set():
+            try:
+                if time.monotonic() - last_sweep >= sweep_every:
+                    report = TickReport()
+                    self.rd.releaser.sweep(report, time.monotonic() + ROUND_BUDGET_SECONDS)
+                    last_sweep = time.monotonic()
+                self.release_due()
+                self.sleep()
+            except self.errors as exc:
+                logger.warning("redisdelay releaser: %s; retrying in %.1f s", exc, self.retry_after)
+                self.stopping.wait(self.retry_after)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to end; a marker wakes a releaser blocked in BZPOPMIN (this one or another,
+        which then looks again and sleeps on)."""
+        self.stopping.set()
+        with contextlib.suppress(redis.RedisError):  # else it wakes by itself within longest_sleep
+            self.rd.client.zadd(self.rd.keys.wake, {f"stop:{id(self)}": 0})
+
+
+class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
+    """Runs a :class:`PreciseReleaser` in a thread of each worker when ``redisdelay_precise_release`` is on."""
+
+    label = "redisdelay releaser"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.releaser: PreciseReleaser | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, worker: Any) -> None:
+        from .extension import RedisDelay
+
+        rd = RedisDelay.of(worker.app)
+        if not rd.settings.precise_release:
+            return
+        self.releaser = PreciseReleaser(rd)
+        self.thread = threading.Thread(target=self.releaser.run, name="redisdelay-releaser", daemon=True)
+        self.thread.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.releaser is not None and self.thread is not None:
+            self.releaser.stop()
+            self.thread.join(self.releaser.longest_sleep + 5)

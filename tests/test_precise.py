@@ -1,0 +1,87 @@
+"""The precise releaser against a real redis-server: it releases without any tick, an earlier call
+wakes it from its sleep towards a later one, it survives dropped connections, and two of them
+never publish a call twice. No timing is asserted: only what was released and what was not."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+from celery import Celery
+
+from celery_redisdelay import RedisDelay
+from celery_redisdelay.precise import PreciseReleaser
+from celery_redisdelay.testing import wait_for
+
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+
+
+def task_on(rd: RedisDelay) -> Any:
+    @rd.delayed(name="tests.precise.ping")
+    def ping(n: int) -> int:
+        return n
+
+    return ping
+
+
+def published(client: redis.Redis, rd: RedisDelay) -> list[str]:
+    queue = rd.app.conf.task_default_queue
+    return [json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1)]
+
+
+@contextmanager
+def running(rd: RedisDelay, longest_sleep: float = 30.0) -> Iterator[PreciseReleaser]:
+    releaser = PreciseReleaser(rd, longest_sleep=longest_sleep, retry_after=0.05)
+    thread = threading.Thread(target=releaser.run, daemon=True)
+    thread.start()
+    try:
+        yield releaser
+    finally:
+        releaser.stop()
+        thread.join(10)
+        assert not thread.is_alive()
+
+
+def test_a_due_call_is_released_without_a_tick(rd: RedisDelay, client: redis.Redis) -> None:
+    ping = task_on(rd)
+    with running(rd):
+        result = ping.apply_async((1,), countdown=0.2)
+        wait_for(lambda: published(client, rd) == [result.id], 10, "the release")
+    assert rd.find(result.id).state == "inflight"  # type: ignore[union-attr]
+
+
+def test_an_earlier_call_wakes_a_releaser_sleeping_towards_a_later_one(rd: RedisDelay, client: redis.Redis) -> None:
+    ping = task_on(rd)
+    later = ping.apply_async((1,), countdown=3600)
+    # With nothing due for an hour and a 30 s cap, only the wake marker can make it look again soon.
+    with running(rd, longest_sleep=30.0):
+        wait_for(lambda: blocked(client), 10, "the releaser to sleep in BZPOPMIN")
+        sooner = ping.apply_async((2,), countdown=0)
+        wait_for(lambda: published(client, rd) == [sooner.id], 10, "the earlier call to be released")
+    assert rd.find(later.id).state == "delayed"  # type: ignore[union-attr]
+
+
+def blocked(client: redis.Redis) -> bool:
+    return any(entry.get("cmd") == "bzpopmin" for entry in client.client_list())
+
+
+def test_the_releaser_carries_on_after_its_connections_are_dropped(rd: RedisDelay, client: redis.Redis) -> None:
+    ping = task_on(rd)
+    with running(rd, longest_sleep=30.0):
+        wait_for(lambda: blocked(client), 10, "the releaser to sleep in BZPOPMIN")
+        client.client_kill_filter(_type="normal", skipme=True)  # seed 003: the server drops idle clients
+        result = ping.apply_async((1,), countdown=0)
+        wait_for(lambda: published(client, rd) == [result.id], 15, "a release after the reconnect")
+
+
+def test_two_releasers_never_publish_a_call_twice(make_app: MakeApp, client: redis.Redis) -> None:
+    _, rd = make_app(redisdelay_release_batch=7)
+    ping = task_on(rd)
+    with running(rd, longest_sleep=0.05), running(rd, longest_sleep=0.05):
+        ids = [ping.apply_async((n,), countdown=(n % 5) / 10).id for n in range(300)]
+        wait_for(lambda: len(published(client, rd)) >= 300, 30, "300 releases")
+    assert sorted(published(client, rd)) == sorted(ids)
