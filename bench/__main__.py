@@ -44,9 +44,10 @@ lateness
     1,000 and 1,000,000 [20,000] calls parked in the background (scaled down, and reported, when the
     machine's MemAvailable cannot hold them twice over). For the beat tick (worker + beat,
     ``redisdelay_tick_interval=1.0``): target p99 <= 1050 ms. For the precise releaser when the
-    package has one (``celery -A bench.app redisdelay releaser``, with
-    ``redisdelay_precise_release=True``): target p50 < 5 ms, p99 < 20 ms. Both: the large-backlog p99
-    at most 1.3x the small-backlog p99.
+    package has one (the same worker, beat stopped, and ``celery -A bench.app redisdelay releaser``
+    started with ``redisdelay_precise_release=True``; "not implemented" when ``redisdelay releaser
+    --help`` says there is no such command): target p50 < 5 ms, p99 < 20 ms. Both: the large-backlog
+    p99 at most 1.3x the small-backlog p99. Redis runs with its defaults (``hz 10``).
 redis_memory_per_call
     Redis ``used_memory`` growth / N for N = 5,000 [500] calls parked with ``apply_async``, against N
     plain Celery messages waiting in a broker queue. Reported, no target.

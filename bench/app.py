@@ -21,6 +21,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from kombu import Exchange, Queue
 
 from celery_redisdelay import RedisDelay
 
@@ -28,9 +29,31 @@ ENV_URL = "REDISDELAY_BENCH_URL"
 ENV_TICK = "REDISDELAY_BENCH_TICK"
 ENV_PRECISE = "REDISDELAY_BENCH_PRECISE"
 
-#: The queue the tick and the lateness calls go to; every other figure names a queue of its own.
-DEFAULT_QUEUE = "bench"
 KEY_PREFIX = "bench"
+
+# Every queue of the benchmarks, declared in ``task_queues`` as an application declares its queues
+# (the release script pushes only onto the lists of queues the app knows). Nobody consumes a queue
+# unless a figure starts a worker for it.
+DEFAULT_QUEUE = "bench"  # the tick and the lateness calls
+PARK_QUEUE = "bench-park"  # routing of the calls park_single and park_bulk park
+PARK_PLAIN_QUEUE = "bench-park-plain"  # Celery's countdown messages of park_single
+RELEASE_QUEUE = "bench-release"  # where the release figure's calls land
+SEND_QUEUE = "bench-release-send"  # the send_task loop of the release figure
+MEMORY_QUEUE = "bench-memory"  # routing of the calls of redis_memory_per_call
+MEMORY_PLAIN_QUEUE = "bench-memory-plain"
+WORKER_OURS_QUEUE = "bench-mem-ours"  # the worker_memory workers
+WORKER_PLAIN_QUEUE = "bench-mem-plain"
+QUEUES = (
+    DEFAULT_QUEUE,
+    PARK_QUEUE,
+    PARK_PLAIN_QUEUE,
+    RELEASE_QUEUE,
+    SEND_QUEUE,
+    MEMORY_QUEUE,
+    MEMORY_PLAIN_QUEUE,
+    WORKER_OURS_QUEUE,
+    WORKER_PLAIN_QUEUE,
+)
 
 
 @dataclass
@@ -59,6 +82,7 @@ def build(url: str, *, tick_interval: float = 1.0, precise: bool = False, set_as
         "redisdelay_key_prefix": KEY_PREFIX,
         "redisdelay_tick_interval": tick_interval,
         "task_default_queue": DEFAULT_QUEUE,
+        "task_queues": [Queue(name, Exchange(name), routing_key=name) for name in QUEUES],
         "task_ignore_result": True,
         "worker_prefetch_multiplier": 1,
         "worker_hijack_root_logger": False,

@@ -1,8 +1,8 @@
 """Parked calls in bulk, without parking them one by one: copies of one real parked call.
 
 One call is parked through ``apply_async``; its stored envelope and metadata are read back, and
-copies are written straight into the store with a pipeline, each under a fresh id (uuid4 hex) that
-also replaces the original id inside the envelope (headers ``id`` and ``root_id``, ``correlation_id``).
+copies are written straight into the store with a pipeline, each under a fresh uuid4 that also
+replaces the original id inside the stored message (headers ``id`` and ``root_id``, ``correlation_id``).
 The store then holds what parking the calls one by one would have left, only much faster.
 """
 
@@ -41,6 +41,17 @@ def template(bench: BenchApp, queue: str) -> Template:
     return Template(result.id, bytes(payload[0]), bytes(meta[0]))
 
 
+def new_id(template: Template) -> bytes:
+    """A fresh uuid4 of the template id's length and form (Celery's: 36 characters with dashes).
+
+    The stored form of the fast release path is length-prefixed, so the id must keep its length.
+    """
+    fresh = str(uuid.uuid4()) if len(template.call_id) == 36 else uuid.uuid4().hex
+    if len(fresh) != len(template.call_id):
+        raise RuntimeError(f"cannot make copies of call id {template.call_id!r}: not a uuid4")
+    return fresh.encode()
+
+
 def write_copies(
     client: redis.Redis,
     template: Template,
@@ -55,7 +66,7 @@ def write_copies(
     """Write ``count`` copies of ``template`` scored ``score_ms``: one ZADD and one HSET (or two) per chunk."""
     old = template.call_id.encode()
     for start in range(0, count, chunk):
-        ids = [uuid.uuid4().hex.encode() for _ in range(min(chunk, count - start))]
+        ids = [new_id(template) for _ in range(min(chunk, count - start))]
         members: list[Any] = []
         envelopes: list[Any] = []
         metas: list[Any] = []

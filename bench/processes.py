@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -48,6 +49,7 @@ class Processes:
             ENV_TICK: str(tick_interval),
             ENV_PRECISE: "1" if precise else "0",
             "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",  # their output reaches the log file as it is written
         }
 
     def _start(self, command: list[str], env: dict[str, str]) -> CeleryProcess:
@@ -98,27 +100,41 @@ class Processes:
         self.say(f"  beat started (pid {process.pid}, tick every {tick_interval} s)")
         return process
 
-    def releaser(self, *, settle: float = 2.0) -> CeleryProcess:
-        """The package's precise releaser (``celery redisdelay releaser``), with precise release on."""
+    def releaser(self, *, settle: float = 1.0) -> CeleryProcess:
+        """The package's precise releaser (``celery redisdelay releaser``), with precise release on.
+
+        Ready once it has printed something (its start line), or after 20 s of silence; then ``settle``.
+        """
         process = self._start(["redisdelay", "releaser"], self.env(precise=True))
+
+        def started() -> bool:
+            self.check_alive(process)
+            return bool(process.output().strip())
+
+        with contextlib.suppress(TimeoutError):
+            wait_for(started, 20, "the releaser", 0.1)
         time.sleep(settle)
         self.check_alive(process)
-        self.say(f"  releaser started (pid {process.pid})")
+        self.say(f"  releaser started (pid {process.pid}): {process.output().strip()[:100]}")
         return process
 
     def has_releaser(self) -> bool:
-        """Whether the package has a precise releaser command: ``celery -A bench.app redisdelay releaser --help``."""
-        try:
-            done = subprocess.run(
-                [sys.executable, "-m", "celery", "-A", APP, "redisdelay", "releaser", "--help"],
-                env={**os.environ, **self.env(precise=True)},
-                cwd=str(ROOT),
-                capture_output=True,
-                timeout=60,
-            )
-        except subprocess.TimeoutExpired:
+        """Whether the package has a precise releaser: ``celery -A bench.app redisdelay releaser --help``
+        succeeds. False when the command does not exist; an error when it exists but fails."""
+        done = subprocess.run(
+            [sys.executable, "-m", "celery", "-A", APP, "redisdelay", "releaser", "--help"],
+            env={**os.environ, **self.env(precise=True)},
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if done.returncode == 0:
+            return True
+        output = done.stdout + done.stderr
+        if "No such command" in output:
             return False
-        return done.returncode == 0
+        raise RuntimeError(f"celery redisdelay releaser --help failed ({done.returncode}):\n{output[-2000:]}")
 
     def check_alive(self, process: CeleryProcess) -> None:
         if process.process is not None and process.process.poll() is not None:

@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 #: How long one release round may run before the releaser looks at the clock again.
 ROUND_BUDGET_SECONDS = 1.0
+#: How late Redis may end a blocking command's timeout (its default ``hz 10``).
+SERVER_TIMER_SECONDS = 0.1
 
 
 class PreciseReleaser:
@@ -76,10 +78,19 @@ class PreciseReleaser:
         return min(max((due_ms - now_ms) / 1000, 0.0), self.longest_sleep)
 
     def sleep(self) -> None:
-        """Block until the next call is due or an earlier one is parked."""
+        """Block until the next call is due or an earlier one is parked.
+
+        Redis checks the timeouts of blocked clients ``hz`` times a second (10 by default), so a
+        ``BZPOPMIN`` timeout can end up to 100 ms late: the releaser blocks until shortly before the
+        due time and sleeps the last stretch on its own clock.
+        """
         wait = self.seconds_to_next()
-        if wait > 0:
-            self.client.bzpopmin([self.rd.keys.wake], timeout=max(wait, 0.001))
+        if wait <= 0:
+            return
+        if wait <= SERVER_TIMER_SECONDS:
+            self.stopping.wait(wait)
+        else:
+            self.client.bzpopmin([self.rd.keys.wake], timeout=wait - SERVER_TIMER_SECONDS)
 
     def run(self) -> None:
         """Release and sleep until stopped; errors are logged and retried, never fatal."""

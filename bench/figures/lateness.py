@@ -1,8 +1,9 @@
 """Lateness: from a call's due time to its start on a worker, with a small and a large parked backlog.
 
 Measured for the beat tick (worker + beat, ``redisdelay_tick_interval=1.0``) and, when the package
-has one, for the precise releaser (worker + ``celery redisdelay releaser``). The calls record the
-Redis server time when they start; their due time is their score in the store right after parking.
+has one, for the precise releaser (the same worker, beat stopped, ``celery redisdelay releaser``
+started with ``redisdelay_precise_release=True``). The calls record the Redis server time when they
+start; their due time is their score in the store right after parking, so both ends use one clock.
 """
 
 from __future__ import annotations
@@ -123,31 +124,32 @@ def lateness(ctx: Context) -> dict[str, Any]:
     per_call = max(1.0, (ctx.used_memory() - before) / small)
     large = fitting_large(ctx, small, per_call)
 
+    # One worker (prefork, 2 processes) runs the calls in both modes; it runs no releaser of its own.
     tick: dict[str, Any] = {}
-    worker = processes.worker("bench-late", queues=DEFAULT_QUEUE, concurrency=2, tick_interval=TICK_INTERVAL)
-    beat = processes.beat(tick_interval=TICK_INTERVAL)
-    try:
-        tick["small"] = measure(ctx, ctx.bench, f"tick, bg {small:,}")
-        fill_background(ctx, tpl, large - small)
-        tick["large"] = measure(ctx, ctx.bench, f"tick, bg {large:,}")
-    finally:
-        processes.stop(beat)
-        processes.stop(worker)
-
     precise: dict[str, Any] = {}
-    if has_releaser:
-        parker = build(ctx.url, precise=True)  # parks with redisdelay_precise_release=True, as the releaser runs
-        worker = processes.worker("bench-late-precise", queues=DEFAULT_QUEUE, concurrency=2, precise=True)
-        releaser = processes.releaser()
+    worker = processes.worker("bench-late", queues=DEFAULT_QUEUE, concurrency=2, tick_interval=TICK_INTERVAL)
+    try:
+        beat = processes.beat(tick_interval=TICK_INTERVAL)
         try:
-            precise["large"] = measure(ctx, parker, f"precise, bg {large:,}")
-            ctx.clear()
-            fill_background(ctx, tpl, small)
-            precise["small"] = measure(ctx, parker, f"precise, bg {small:,}")
+            tick["small"] = measure(ctx, ctx.bench, f"tick, bg {small:,}")
+            fill_background(ctx, tpl, large - small)
+            tick["large"] = measure(ctx, ctx.bench, f"tick, bg {large:,}")
         finally:
-            processes.stop(releaser)
-            processes.stop(worker)
-            parker.app.close()
+            processes.stop(beat)
+        if has_releaser:
+            # The releaser alone, without beat; the calls are parked by an app with precise release on too.
+            parker = build(ctx.url, precise=True)
+            releaser = processes.releaser()
+            try:
+                precise["large"] = measure(ctx, parker, f"precise, bg {large:,}")
+                ctx.clear()
+                fill_background(ctx, tpl, small)
+                precise["small"] = measure(ctx, parker, f"precise, bg {small:,}")
+            finally:
+                processes.stop(releaser)
+                parker.app.close()
+    finally:
+        processes.stop(worker)
     ctx.clear()
     client.unlink(DEFAULT_QUEUE)
 

@@ -6,12 +6,11 @@ import time
 import uuid
 from typing import Any
 
+from ..app import PARK_PLAIN_QUEUE, PARK_QUEUE
 from ..context import Context
 from ..fill import CHUNK, template
 from ..report import NOT_IMPLEMENTED, Row, ratio
 
-PARK_QUEUE = "bench-park"  # routing of the parked calls (they never reach it)
-PLAIN_QUEUE = "bench-park-plain"  # Celery's countdown messages land here; nobody consumes it
 SCRATCH_ZSET = "bench:scratch:zset"
 SCRATCH_HASH = "bench:scratch:hash"
 WARMUP = 20
@@ -22,7 +21,7 @@ def park_single(ctx: Context) -> dict[str, Any]:
     """Calls/s of a delayed task's ``apply_async(countdown=60)`` vs a plain task's, same broker, one at a time."""
     n = ctx.sizes.park_single
     delayed, plain = ctx.bench.delayed_noop, ctx.bench.plain_noop
-    ctx.clear(PLAIN_QUEUE)
+    ctx.clear(PARK_PLAIN_QUEUE)
 
     def ours(count: int) -> float:
         started = time.perf_counter()
@@ -33,7 +32,7 @@ def park_single(ctx: Context) -> dict[str, Any]:
     def celery(count: int) -> float:
         started = time.perf_counter()
         for i in range(count):
-            plain.apply_async((i,), countdown=COUNTDOWN, queue=PLAIN_QUEUE)
+            plain.apply_async((i,), countdown=COUNTDOWN, queue=PARK_PLAIN_QUEUE)
         return time.perf_counter() - started
 
     ours(WARMUP)
@@ -45,10 +44,10 @@ def park_single(ctx: Context) -> dict[str, Any]:
     ours_seconds += ours(n - half)
     celery_seconds += celery(n - half)
     parked = ctx.bench.rd.stats()["delayed"]
-    queued = int(ctx.client.llen(PLAIN_QUEUE))
+    queued = int(ctx.client.llen(PARK_PLAIN_QUEUE))
     if parked != n + WARMUP or queued != n + WARMUP:
         raise RuntimeError(f"expected {n + WARMUP} calls each side, found {parked} parked and {queued} queued")
-    ctx.clear(PLAIN_QUEUE)
+    ctx.clear(PARK_PLAIN_QUEUE)
     ours_rate, celery_rate = n / ours_seconds, n / celery_seconds
     found = ratio(ours_rate, celery_rate)
     ctx.say(f"  ours {ours_rate:,.0f} calls/s, Celery {celery_rate:,.0f} calls/s")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..app import MEMORY_PLAIN_QUEUE as PLAIN_QUEUE
+from ..app import MEMORY_QUEUE as PARK_QUEUE
 from ..context import Context
 from ..report import Row, ratio
 
-PARK_QUEUE = "bench-memory"
-PLAIN_QUEUE = "bench-memory-plain"
 COUNTDOWN = 3600
 
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..app import RELEASE_QUEUE, SEND_QUEUE
 from ..context import Context
 from ..fill import park_copies, template, write_copies
 from ..report import Row, ratio
 
-RELEASE_QUEUE = "bench-release"  # where released calls land; nobody consumes it
-SEND_QUEUE = "bench-release-send"
 RAW_ZSET = "bench:raw:delayed"
 RAW_HASH = "bench:raw:payloads"
 RAW_QUEUE = "bench:raw:queue"
@@ -105,5 +104,13 @@ def release(ctx: Context) -> dict[str, Any]:
         ),
         Row("release vs raw mover", ours, "calls/s", raw_rate, "raw Lua mover", ratio(ours, raw_rate), "", None),
     ]
-    details = {"calls": n, "ticks": ticks, "ours_seconds": seconds, "send_task_calls": m, "raw_batch": RAW_BATCH}
+    details = {
+        "calls": n,
+        "ticks": ticks,
+        "ours_seconds": seconds,
+        "fast_release": getattr(rd, "fast_release", None),  # the package's path that pushes in the script
+        "release_batch": rd.settings.release_batch,
+        "send_task_calls": m,
+        "raw_batch": RAW_BATCH,
+    }
     return {"rows": [row.as_dict() for row in rows], "details": details}

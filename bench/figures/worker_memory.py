@@ -7,12 +7,12 @@ from typing import Any
 
 from celery_redisdelay.testing import CeleryProcess, wait_for
 
+from ..app import WORKER_OURS_QUEUE as OURS_QUEUE
+from ..app import WORKER_PLAIN_QUEUE as PLAIN_QUEUE
 from ..context import Context
 from ..processes import rss_mb
 from ..report import Row
 
-OURS_QUEUE = "bench-mem-ours"
-PLAIN_QUEUE = "bench-mem-plain"
 #: What kombu's Redis transport keeps for unacknowledged (prefetched) messages.
 KOMBU_UNACKED = ("unacked", "unacked_index", "unacked_mutex")
 COUNTDOWN = 3600
