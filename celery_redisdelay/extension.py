@@ -225,7 +225,13 @@ class RedisDelay:
 
     @contextmanager
     def parking_producer(
-        self, task_id: str, due: Due, meta: dict[str, Any], mode: str = "", key: str = ""
+        self,
+        task_id: str,
+        due: Due,
+        meta: dict[str, Any],
+        mode: str = "",
+        key: str = "",
+        capture: list[tuple[Envelope, Due, dict[str, Any]]] | None = None,
     ) -> Iterator[ParkingProducer]:
         """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
 
@@ -234,6 +240,9 @@ class RedisDelay:
         """
 
         def park(envelope: Envelope) -> tuple[int, str]:
+            if capture is not None:
+                capture.append((envelope, due, meta))
+                return 1, task_id
             try:
                 fast = wire.build(self.app, self.broker_layout, envelope) if self.fast_release else None
                 encoded = fast or envelope.encode()

@@ -14,6 +14,7 @@ from redis.commands.core import Script
 
 STORE_SCRIPTS = (
     "park",
+    "park_many",
     "claim",
     "release",
     "confirm",

@@ -117,6 +117,15 @@ class CallStore:
         )
         return int(status), int(due), text(holder)
 
+    @staticmethod
+    def meta_json(meta: dict[str, Any]) -> str:
+        """The stored metadata of a call parked with ``meta`` (its limits)."""
+        return json.dumps({**meta, "d": 0, "s": "delayed"}, separators=(",", ":"))
+
+    def park_many(self, flat: Sequence[Any], when: tuple[str, int]) -> int:
+        """Store calls given as (id, envelope, meta JSON, ...) with one due time: ``when`` from :func:`due_args`."""
+        return int(self._run("park_many", [*when, *flat], f"park {len(flat) // 3} calls"))
+
     def holder(self, key: str) -> str | None:
         """The id of the parked call holding a unique/debounce key (a hint: it may change at once)."""
         with redis_errors("look up a unique key"):

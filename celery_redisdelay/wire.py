@@ -82,36 +82,70 @@ def direct_queue(app: Celery, envelope: Envelope) -> str | None:
     return None
 
 
+class Template:
+    """The fast-path form of calls that share one envelope's routing and options.
+
+    ``render`` gives the stored form of the envelope itself, or of a copy with another id, body and
+    argument repr (``task.park_many``), without resolving routing again.
+    """
+
+    def __init__(self, key: str, envelope: Envelope, properties: dict[str, Any]) -> None:
+        self.prefix = f"{PREFIX.decode()}{len(key.encode())}:{key}"
+        self.envelope = envelope
+        self.properties = properties
+
+    @classmethod
+    def of(cls, app: Celery, layout: BrokerLayout, envelope: Envelope) -> Template | None:
+        """The template of ``envelope``, or None when the generic path must publish it."""
+        queue = direct_queue(app, envelope)
+        if queue is None:
+            return None
+        properties: dict[str, Any] = dict(envelope.properties)
+        priority = properties.pop("priority", None) or 0
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            return None
+        mode = envelope.delivery_mode or PERSISTENT_DELIVERY_MODE
+        properties["delivery_mode"] = _DELIVERY_MODES.get(mode, mode) if isinstance(mode, str) else mode
+        properties["delivery_info"] = {
+            **properties.get("delivery_info", {}),
+            "exchange": envelope.exchange,
+            "routing_key": envelope.routing_key,
+        }
+        properties.setdefault("priority", priority)
+        properties.update(body_encoding="base64", delivery_tag=_TAG)
+        return cls(layout.list_key(queue, max(0, min(priority, 9))), envelope, properties)
+
+    def render(
+        self, call_id: str | None = None, body: bytes | None = None, argsrepr: str | None = None
+    ) -> bytes | None:
+        """The stored form of the envelope, or of its copy for call ``call_id`` with ``body``."""
+        envelope, properties, headers = self.envelope, self.properties, self.envelope.headers
+        if call_id is not None:
+            first = headers["id"]
+            headers = {**headers, "id": call_id, "argsrepr": argsrepr}
+            if headers.get("root_id") == first:
+                headers["root_id"] = call_id
+            if properties.get("correlation_id") == first:
+                properties = {**properties, "correlation_id": call_id}
+        message = {
+            "body": base64.b64encode(envelope.body if body is None else body).decode(),
+            "content-encoding": envelope.content_encoding,
+            "content-type": envelope.content_type,
+            "headers": headers,
+            "properties": properties,
+        }
+        text: str = json.dumps(message)
+        head, found, tail = text.partition(f'"{_TAG}"')
+        if not found or _TAG in tail:
+            return None
+        head += '"'
+        return f'{self.prefix}{len(head.encode())}:{head}"{tail}'.encode()
+
+
 def build(app: Celery, layout: BrokerLayout, envelope: Envelope) -> bytes | None:
     """The stored fast-path form of ``envelope``, or None when the generic path must publish it."""
-    queue = direct_queue(app, envelope)
-    if queue is None:
-        return None
-    properties: dict[str, Any] = dict(envelope.properties)
-    priority = properties.pop("priority", None) or 0
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        return None
-    mode = envelope.delivery_mode or PERSISTENT_DELIVERY_MODE
-    properties["delivery_mode"] = _DELIVERY_MODES.get(mode, mode) if isinstance(mode, str) else mode
-    properties.setdefault("delivery_info", {})
-    properties.setdefault("priority", priority)
-    properties.update(body_encoding="base64", delivery_tag=_TAG)
-    properties["delivery_info"].update(exchange=envelope.exchange, routing_key=envelope.routing_key)
-    message = {
-        "body": base64.b64encode(envelope.body).decode(),
-        "content-encoding": envelope.content_encoding,
-        "content-type": envelope.content_type,
-        "headers": envelope.headers,
-        "properties": properties,
-    }
-    text: str = json.dumps(message)
-    head, found, tail = text.partition(f'"{_TAG}"')
-    if not found or _TAG in tail:
-        return None
-    key = layout.list_key(queue, max(0, min(priority, 9)))
-    head += '"'
-    tail = '"' + tail
-    return f"{PREFIX.decode()}{len(key.encode())}:{key}{len(head.encode())}:{head}{tail}".encode()
+    template = Template.of(app, layout, envelope)
+    return None if template is None else template.render()
 
 
 def split(raw: bytes) -> tuple[str, bytes, bytes]:

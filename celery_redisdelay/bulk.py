@@ -1,0 +1,101 @@
+"""``task.park_many``: park many calls of one task with the same options, fast.
+
+Celery builds the first call's message as usual (routing, headers, options); every other call gets
+a copy of it with its own id, arguments and argument repr, built without going through Celery's
+``send_task`` again, and a thousand calls go to Redis in one script call. What is stored for each
+call is what ``apply_async`` would have stored, except that Celery's ``before/after_task_publish``
+signals are sent for the first call only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult
+from celery.utils import uuid
+from celery.utils.saferepr import saferepr
+from kombu.exceptions import EncodeError
+from kombu.serialization import dumps, loads
+
+from . import wire
+from .envelope import Envelope
+from .errors import PayloadError
+from .store import due_args
+
+if TYPE_CHECKING:
+    from .schedule import Due
+    from .task import DelayedTask
+
+#: Calls per script call.
+CHUNK = 1000
+#: Options that make each call depend on what is stored: those calls are parked one by one.
+KEYED = ("unique_key", "debounce_key")
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def park_many(
+    task: DelayedTask, calls: Iterable[Sequence[Any]], kwargs: Any, options: dict[str, Any]
+) -> list[AsyncResult]:
+    """Park ``task(*args, **kwargs)`` for each ``args`` in ``calls``; see :meth:`DelayedTask.park_many`."""
+    every = [tuple(args) for args in calls]
+    if not every:
+        return []
+    rd = task.redisdelay
+    if task.app.conf.task_always_eager or options.get("compression") or any(key in options for key in KEYED):
+        return [task.apply_async(args, kwargs, **options) for args in every]
+    first_id = uuid()
+    captured: list[tuple[Envelope, Due, dict[str, Any]]] = []
+    task.apply_async(every[0], kwargs, task_id=first_id, _redisdelay_capture=captured, **options)
+    [(template, due, limits)] = captured
+    _, body_kwargs, embed = loads(template.body, template.content_type, template.content_encoding, accept=None)
+    serializer = options.get("serializer") or task.serializer or task.app.conf.task_serializer
+    meta = rd.store.meta_json(limits)
+    when = due_args(due.countdown_ms, due.at_ms)
+    # Every message is built before anything is written: a call that cannot be serialized stores nothing.
+    check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
+    fast = wire.Template.of(task.app, rd.broker_layout, template) if rd.fast_release else None
+    flat: list[Any] = [first_id, (fast and fast.render()) or template.encode(), meta]
+    for args in every[1:]:
+        if check_arguments is not None:
+            check_arguments(*args, **(kwargs or {}))
+        call_id = uuid()
+        body = _body(template, args, body_kwargs, embed, serializer)
+        stored = fast.render(call_id, body, argsrepr(args)) if fast is not None else None
+        if stored is None:
+            stored = _copy(template, first_id, call_id, args, body).encode()
+        flat.extend((call_id, stored, meta))
+    for start in range(0, len(flat), 3 * CHUNK):
+        rd.store.park_many(flat[start : start + 3 * CHUNK], when)
+    return [task.AsyncResult(flat[i]) for i in range(0, len(flat), 3)]
+
+
+def argsrepr(args: tuple[Any, ...]) -> str:
+    """Celery's ``argsrepr`` header: ``saferepr`` capped at 1024 characters (plain ``repr`` when that is
+    the same thing: a few short scalars)."""
+    if len(args) <= 8 and all(type(a) in _SCALARS and (type(a) is not str or len(a) <= 64) for a in args):
+        return repr(args)
+    return str(saferepr(args, 1024))
+
+
+def _body(template: Envelope, args: tuple[Any, ...], kwargs: Any, embed: Any, serializer: str) -> bytes:
+    try:
+        _, _, body = dumps((args, kwargs, embed), serializer=serializer)
+    except EncodeError as exc:
+        raise PayloadError(
+            f"cannot serialize the arguments {args!r} of {template.task} with serializer {serializer!r}: {exc}; "
+            "none of the calls was parked"
+        ) from exc
+    return body if isinstance(body, bytes) else body.encode()
+
+
+def _copy(template: Envelope, first_id: str, call_id: str, args: tuple[Any, ...], body: bytes) -> Envelope:
+    """The envelope of another call like ``template``, for the kombu path."""
+    headers = {**template.headers, "id": call_id, "argsrepr": argsrepr(args)}
+    if headers.get("root_id") == first_id:
+        headers["root_id"] = call_id
+    properties = dict(template.properties)
+    if properties.get("correlation_id") == first_id:
+        properties["correlation_id"] = call_id
+    return replace(template, body=body, headers=headers, properties=properties)
