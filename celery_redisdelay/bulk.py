@@ -51,19 +51,20 @@ def park_many(
     [(template, due, limits)] = captured
     _, body_kwargs, embed = loads(template.body, template.content_type, template.content_encoding, accept=None)
     serializer = options.get("serializer") or task.serializer or task.app.conf.task_serializer
-    meta = rd.store.meta_json(limits)
     when = due_args(due.countdown_ms, due.at_ms)
     # Every message is built before anything is written: a call that cannot be serialized stores nothing.
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
     fast = wire.Template.of(task.app, rd.broker_layout, template) if rd.fast_release else None
-    flat: list[Any] = [first_id, (fast and fast.render()) or template.encode(), meta]
+    meta = rd.store.meta_json({**limits, "l": fast.key} if fast else limits)
+    flat: list[Any] = [first_id, fast.render() if fast else template.encode(), meta]
     for args in every[1:]:
         if check_arguments is not None:
             check_arguments(*args, **(kwargs or {}))
         call_id = uuid()
         body = _body(template, args, body_kwargs, embed, serializer)
-        stored = fast.render(call_id, body, argsrepr(args)) if fast is not None else None
-        if stored is None:
+        if fast is not None:
+            stored = fast.render(call_id, body, argsrepr(args))
+        else:
             stored = _copy(template, first_id, call_id, args, body).encode()
         flat.extend((call_id, stored, meta))
     for start in range(0, len(flat), 3 * CHUNK):

@@ -52,7 +52,7 @@ class Envelope:
 
         A call stored as a broker message for the fast release path decodes to its envelope too.
         """
-        if isinstance(raw, bytes) and raw.startswith(b"RDW1:"):
+        if isinstance(raw, bytes) and raw.startswith(b'{"body": "'):
             from .wire import to_envelope
 
             return to_envelope(raw)

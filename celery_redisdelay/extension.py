@@ -245,14 +245,15 @@ class RedisDelay:
                 return 1, task_id
             try:
                 fast = wire.build(self.app, self.broker_layout, envelope) if self.fast_release else None
-                encoded = fast or envelope.encode()
+                encoded = fast[0] if fast else envelope.encode()
             except (TypeError, ValueError) as exc:
                 raise PayloadError(
                     f"cannot store the message of {envelope.task}: its headers or options are not "
                     f"JSON-serializable ({exc}); nothing was stored"
                 ) from exc
+            stored_meta = {**meta, "l": fast[1]} if fast else meta  # the list the release script pushes to
             status, _, holder = self.store.park_keyed(
-                task_id, encoded, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
+                task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
             )
             return status, holder
 

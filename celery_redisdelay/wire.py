@@ -1,13 +1,12 @@
 """The fast release path: the broker message is built at park time, and released by one script.
 
 When the broker is a Redis that the store shares (same server and database), a parked call is stored
-as the exact message kombu's Redis transport would push onto the queue's list, split around its
-delivery tag. ``release.lua`` then claims due calls and pushes their messages in one atomic step:
-no Python per message, no window between claim and publish. Every other case (another broker, a
-topic or fanout exchange, a queue with ``x-expires``) keeps the generic path through kombu.
-
-Stored form (bytes): ``RDW1:<len>:<list key><len>:<head><tail>``; the message is ``head + tag +
-tail`` where ``tag`` is the delivery tag the script makes unique per delivery (``<id>.<delivery>``).
+as the exact message kombu's Redis transport would push onto the queue's list, with the delivery tag
+of its first delivery (``<id>.1``), and its metadata names the list (``"l"``). ``release.lua`` then
+claims due calls and pushes their messages in one atomic step: no Python per message, no window
+between claim and publish; a later delivery gets its own tag (``<id>.<delivery>``). Every other case
+(another broker, a topic or fanout exchange, a queue with ``x-expires``) keeps the generic path
+through kombu.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from .envelope import Envelope, EnvelopeError
 if TYPE_CHECKING:
     from celery import Celery
 
-PREFIX = b"RDW1:"
-_TAG = "redisdelay-delivery-tag-7d3f0a"
+#: How a stored broker message starts (an envelope starts with ``{"v":``).
+PREFIX = b'{"body": "'
 _DELIVERY_MODES = {"persistent": PERSISTENT_DELIVERY_MODE, "transient": TRANSIENT_DELIVERY_MODE}
 
 
@@ -90,7 +89,7 @@ class Template:
     """
 
     def __init__(self, key: str, envelope: Envelope, properties: dict[str, Any]) -> None:
-        self.prefix = f"{PREFIX.decode()}{len(key.encode())}:{key}"
+        self.key = key  # the list the message goes to
         self.envelope = envelope
         self.properties = properties
 
@@ -112,62 +111,46 @@ class Template:
             "routing_key": envelope.routing_key,
         }
         properties.setdefault("priority", priority)
-        properties.update(body_encoding="base64", delivery_tag=_TAG)
-        return cls(layout.list_key(queue, max(0, min(priority, 9))), envelope, properties)
+        properties.pop("delivery_tag", None)
+        properties.update(body_encoding="base64")
+        key = layout.list_key(queue, max(0, min(priority, 9)))
+        if '"' in key or "\\" in key:
+            return None  # the release script finds the list's name in the metadata JSON unescaped
+        return cls(key, envelope, properties)
 
-    def render(
-        self, call_id: str | None = None, body: bytes | None = None, argsrepr: str | None = None
-    ) -> bytes | None:
+    def render(self, call_id: str | None = None, body: bytes | None = None, argsrepr: str | None = None) -> bytes:
         """The stored form of the envelope, or of its copy for call ``call_id`` with ``body``."""
         envelope, properties, headers = self.envelope, self.properties, self.envelope.headers
+        first = headers["id"]
         if call_id is not None:
-            first = headers["id"]
             headers = {**headers, "id": call_id, "argsrepr": argsrepr}
             if headers.get("root_id") == first:
                 headers["root_id"] = call_id
             if properties.get("correlation_id") == first:
                 properties = {**properties, "correlation_id": call_id}
+        # The delivery tag comes last, so the release script finds it at the end of the message.
         message = {
             "body": base64.b64encode(envelope.body if body is None else body).decode(),
             "content-encoding": envelope.content_encoding,
             "content-type": envelope.content_type,
             "headers": headers,
-            "properties": properties,
+            "properties": {**properties, "delivery_tag": f"{call_id or first}.1"},
         }
         text: str = json.dumps(message)
-        head, found, tail = text.partition(f'"{_TAG}"')
-        if not found or _TAG in tail:
-            return None
-        head += '"'
-        return f'{self.prefix}{len(head.encode())}:{head}"{tail}'.encode()
+        return text.encode()
 
 
-def build(app: Celery, layout: BrokerLayout, envelope: Envelope) -> bytes | None:
-    """The stored fast-path form of ``envelope``, or None when the generic path must publish it."""
+def build(app: Celery, layout: BrokerLayout, envelope: Envelope) -> tuple[bytes, str] | None:
+    """The stored fast-path form of ``envelope`` and the list it goes to, or None when the generic path
+    must publish it."""
     template = Template.of(app, layout, envelope)
-    return None if template is None else template.render()
-
-
-def split(raw: bytes) -> tuple[str, bytes, bytes]:
-    """(list key, head, tail) of a stored fast-path form; EnvelopeError if it is not one."""
-    try:
-        rest = raw[len(PREFIX) :]
-        key_len, rest = rest.split(b":", 1)
-        key, rest = rest[: int(key_len)], rest[int(key_len) :]
-        head_len, rest = rest.split(b":", 1)
-        head, tail = rest[: int(head_len)], rest[int(head_len) :]
-        if len(head) != int(head_len) or len(key) != int(key_len):
-            raise ValueError("truncated")
-        return key.decode(), head, tail
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise EnvelopeError(f"malformed celery-redisdelay broker message ({exc!r})") from exc
+    return None if template is None else (template.render(), template.key)
 
 
 def to_envelope(raw: bytes) -> Envelope:
-    """The envelope a stored fast-path form came from, for the generic path and for inspection."""
-    _, head, tail = split(raw)
+    """The envelope a stored broker message came from, for the generic path and for inspection."""
     try:
-        message = json.loads(head + b"x" + tail)
+        message = json.loads(raw)
         properties = dict(message["properties"])
         info = properties.pop("delivery_info")
         for name in ("delivery_tag", "body_encoding"):

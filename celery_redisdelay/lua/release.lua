@@ -1,6 +1,8 @@
 -- release.lua: the fast release path. Take due calls; a call stored as a broker message (wire.py)
--- for one of the queue lists in KEYS is pushed onto that list in this same step and is in flight
--- with its queue deadline at once. Any other call is claimed for the generic path, as claim.lua does.
+-- whose metadata names one of the queue lists in KEYS ("l") is pushed onto that list in this same
+-- step and is in flight with its queue deadline at once. Its first delivery is pushed exactly as
+-- stored (delivery tag '<id>.1'), a later one with the tag '<id>.<delivery>'. Any other call, and a
+-- message without its own tag (not ours), is claimed for the generic path, as claim.lua does.
 -- KEYS[10..]: the queue lists this app's messages may go to (kombu's names, priorities included).
 -- ARGV: 1 most calls to take, 2 claim timeout (ms), 3 default queue timeout (ms)
 -- Returns: {examined, pushed, id, payload, deliveries, ...}: due ids looked at, calls pushed, then the
@@ -14,21 +16,16 @@ for i = 10, #KEYS do
     lists[KEYS[i]] = true
 end
 
--- 'RDW1:<len>:<key><len>:<head><tail>' -> key, head, tail (nil when malformed).
-local function split(payload)
-    local colon = string.find(payload, ':', 6, true)
-    local key_len = colon and tonumber(string.sub(payload, 6, colon - 1))
-    if not key_len then
+-- The message to push for this delivery, or nil when the payload is not a broker message of this call.
+-- wire.py writes the delivery tag of the first delivery last: the message ends with it.
+local function message_for(id, payload, delivery)
+    local ending = '"delivery_tag": "' .. id .. '.1"}}'
+    if string.sub(payload, 1, 10) ~= '{"body": "' or string.sub(payload, -#ending) ~= ending then
         return nil
+    elseif delivery == 1 then
+        return payload
     end
-    local key = string.sub(payload, colon + 1, colon + key_len)
-    local rest = colon + key_len + 1
-    colon = string.find(payload, ':', rest, true)
-    local head_len = colon and tonumber(string.sub(payload, rest, colon - 1))
-    if not head_len or colon + head_len > #payload then
-        return nil
-    end
-    return key, string.sub(payload, colon + 1, colon + head_len), string.sub(payload, colon + head_len + 1)
+    return string.sub(payload, 1, -#ending - 1) .. '"delivery_tag": "' .. id .. '.' .. delivery .. '"}}'
 end
 
 -- Run a command with many arguments in chunks (Lua's unpack has a limit).
@@ -50,33 +47,63 @@ local payloads = redis.call('HMGET', PAYLOADS, unpack(ids))
 local raw_metas = redis.call('HMGET', META, unpack(ids))
 local taken, deadlines, metas, pushes = {}, {}, {}, {}
 local pushed = 0
-for i, id in ipairs(ids) do
-    local ok, meta = pcall(cjson.decode, raw_metas[i] or '{}')
-    if not ok or type(meta) ~= 'table' then
-        meta = {}  -- corrupt metadata must not stop the release
+-- The common case, without decoding JSON: the first delivery of a call whose metadata is exactly as
+-- the park wrote it (limits, the list, then ',"d":0,"s":"delayed"}'; no unique key). Returns the list,
+-- the new metadata and the queue timeout, or nil for the general case below.
+local FRESH = ',"d":0,"s":"delayed"}'
+local function first_delivery(raw)
+    if not raw or string.sub(raw, -#FRESH) ~= FRESH or string.find(raw, ',"k":', 1, true) then
+        return nil
     end
+    local key = string.match(raw, ',"l":"([^"\\]*)",')
+    if not key or not lists[key] then
+        return nil
+    end
+    local queue_ms = tonumber(string.match(raw, ',"q":(%d+),')) or default_queue_ms
+    return key, string.sub(raw, 1, -#FRESH - 1) .. ',"d":1,"s":"queued"}', queue_ms
+end
+
+local function push(key, message)
+    local list = pushes[key]
+    if not list then
+        list = {}
+        pushes[key] = list
+    end
+    list[#list + 1] = message
+    pushed = pushed + 1
+end
+
+for i, id in ipairs(ids) do
     local payload = payloads[i]
-    if not payload then
+    local fresh_key, fresh_meta, queue_ms
+    if payload then
+        fresh_key, fresh_meta, queue_ms = first_delivery(raw_metas[i])
+    end
+    local message = fresh_key and message_for(id, payload, 1)
+    if message then
+        taken[#taken + 1] = id
+        push(fresh_key, message)
+        deadlines[#deadlines + 1] = now + queue_ms
+        deadlines[#deadlines + 1] = id
+        metas[#metas + 1] = id
+        metas[#metas + 1] = fresh_meta
+    elseif not payload then
         bury(id, load_meta(id), 'payload missing at release', now)
     else
+        local ok, meta = pcall(cjson.decode, raw_metas[i] or '{}')
+        if not ok or type(meta) ~= 'table' then
+            meta = {}  -- corrupt metadata must not stop the release
+        end
         taken[#taken + 1] = id
         free_key(id, meta)
         meta.d = (tonumber(meta.d) or 0) + 1
-        local key, head, tail
-        if string.sub(payload, 1, 5) == 'RDW1:' then
-            key, head, tail = split(payload)
-        end
+        local key = meta.l
+        local message = type(key) == 'string' and lists[key] and message_for(id, payload, meta.d)
         local deadline
-        if key and lists[key] then
+        if message then
             meta.s = 'queued'
             deadline = now + (tonumber(meta.q) or default_queue_ms)
-            local list = pushes[key]
-            if not list then
-                list = {}
-                pushes[key] = list
-            end
-            list[#list + 1] = head .. id .. '.' .. meta.d .. tail
-            pushed = pushed + 1
+            push(key, message)
         else
             meta.s = 'claimed'
             deadline = claim_deadline
