@@ -8,7 +8,8 @@
 --   KEYS[5] meta      hash  id -> small JSON object:
 --       d deliveries, m max deliveries, r run timeout (ms), q queue timeout (ms), t task name,
 --       s state (delayed | claimed | queued | running | swept | deferred | dead), why (dead reason),
---       k the unique/debounce key the call holds while it is parked
+--       k the unique/debounce key the call holds while it is parked, w deferrals behind a busy lock,
+--       l the queue list a stored broker message goes to (the fast release path, see release.lua)
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
 --   KEYS[8] counters  hash  batch_items (items waiting in all groups), lock_deferrals
