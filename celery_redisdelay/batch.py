@@ -103,6 +103,7 @@ class BatchedTask(DelayedTask):
                 f"cannot add {item!r} to a batch of {self.name}: it is not JSON-serializable ({exc}); "
                 "nothing was stored"
             ) from exc
+        self.redisdelay.check_size(f"an item of {self.name}", len(encoded.encode()))
         released = self.redisdelay.store.batch_add(
             group_id(self.name, key),
             encoded,

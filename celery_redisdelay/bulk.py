@@ -56,7 +56,9 @@ def park_many(
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
     fast = wire.Template.of(task.app, rd.broker_layout, template) if rd.fast_release else None
     meta = rd.store.meta_json({**limits, "l": fast.key} if fast else limits)
-    flat: list[Any] = [first_id, fast.render() if fast else template.encode(), meta]
+    first = fast.render() if fast else template.encode()
+    rd.check_size(template.task, len(first))
+    flat: list[Any] = [first_id, first, meta]
     for args in every[1:]:
         if check_arguments is not None:
             check_arguments(*args, **(kwargs or {}))
@@ -66,6 +68,7 @@ def park_many(
             stored = fast.render(call_id, body, argsrepr(args))
         else:
             stored = _copy(template, first_id, call_id, args, body).encode()
+        rd.check_size(template.task, len(stored))
         flat.extend((call_id, stored, meta))
     for start in range(0, len(flat), 3 * CHUNK):
         rd.store.park_many(flat[start : start + 3 * CHUNK], when)

@@ -23,7 +23,7 @@ from .producer import ParkingProducer, accepted_content_types
 from .release import Releaser, TickReport
 from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
-from .store import CallStore, Entry, redis_errors
+from .store import CallStore, Entry, redis_errors, text
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
 from .validation import register_validation_tasks
 
@@ -86,6 +86,8 @@ class RedisDelay:
             self._install_schedule(app.conf)
         app.on_after_configure.connect(self._on_configured, weak=False)
         signals.beat_init.connect(self._on_beat_init, weak=False)
+        signals.worker_ready.connect(self._warn_about_server, weak=False)
+        signals.beat_init.connect(self._warn_about_server, weak=False)
 
     @classmethod
     def of(cls, app: Celery) -> RedisDelay:
@@ -251,6 +253,7 @@ class RedisDelay:
                     f"cannot store the message of {envelope.task}: its headers or options are not "
                     f"JSON-serializable ({exc}); nothing was stored"
                 ) from exc
+            self.check_size(envelope.task, len(encoded))
             stored_meta = {**meta, "l": fast[1]} if fast else meta  # the list the release script pushes to
             status, _, holder = self.store.park_keyed(
                 task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
@@ -259,6 +262,47 @@ class RedisDelay:
 
         with self.app.producer_or_acquire() as real:
             yield ParkingProducer(real, task_id, park, self.accepted_content_types)
+
+    def check_size(self, what: str, size: int) -> None:
+        """Refuse to store more than ``redisdelay_max_payload_bytes`` for one call (or batch item)."""
+        limit = self.settings.max_payload_bytes
+        if size > limit:
+            raise PayloadError(
+                f"the message of {what} is {size:,} bytes, more than redisdelay_max_payload_bytes ({limit:,}); "
+                "pass a reference to the data (an id, a URL) instead of the data, or raise the setting; "
+                "nothing was stored"
+            )
+
+    def check_server(self) -> list[str]:
+        """Problems of the store's Redis that can lose parked calls; logged loudly when workers and beat start."""
+        problems = []
+        try:
+            found: Any = self.client.config_get("maxmemory-policy")
+        except redis.RedisError:
+            return []  # CONFIG may be disabled (managed Redis): nothing to say
+        policy = text(dict(found).get(b"maxmemory-policy") or dict(found).get("maxmemory-policy") or "noeviction")
+        if policy.startswith("allkeys-"):
+            problems.append(
+                f"Redis at {self.settings.url} has maxmemory-policy {policy}: when it fills up it evicts keys, "
+                "and parked calls with them, silently. Set maxmemory-policy noeviction for the store"
+            )
+        elif policy.startswith("volatile-"):
+            problems.append(
+                f"Redis at {self.settings.url} has maxmemory-policy {policy}: when it fills up it may evict locks "
+                "(they expire, so they are candidates); use noeviction to keep lock deferral exclusive"
+            )
+        return problems
+
+    def _warn_about_server(self, sender: Any = None, **_: Any) -> None:
+        app = getattr(sender, "app", None)
+        if app is not None and app is not self.app:
+            return
+        try:
+            problems = self.check_server()
+        except RedisDelayError:
+            return
+        for problem in problems:
+            logger.warning("redisdelay: WARNING: %s", problem)
 
     # -- operations ----------------------------------------------------------------------------
 

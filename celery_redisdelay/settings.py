@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_release_batch": 500,
     "redisdelay_fast_release": None,
     "redisdelay_precise_release": False,
+    "redisdelay_max_payload_bytes": 1024 * 1024,
 }
 
 
@@ -52,6 +53,7 @@ class Settings:
     release_batch: int
     fast_release: bool | None = None
     precise_release: bool = False
+    max_payload_bytes: int = 1024 * 1024
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -81,6 +83,7 @@ class Settings:
             release_batch=int(positive_setting(conf, "redisdelay_release_batch", integer=True)),
             fast_release=_optional_bool(conf, "redisdelay_fast_release"),
             precise_release=bool(_optional_bool(conf, "redisdelay_precise_release")),
+            max_payload_bytes=int(positive_setting(conf, "redisdelay_max_payload_bytes", integer=True)),
         )
 
 

@@ -185,8 +185,10 @@ class CallStore:
         requeued, buried = self._run("sweep", [limit, max_deliveries], "sweep timed-out calls")
         return int(requeued), int(buried)
 
-    def bury(self, call_id: str, reason: str) -> None:
-        self._run("bury", [call_id, reason], f"dead-letter call {call_id}")
+    def bury(self, call_id: str, reason: str, *, only_inflight: bool = False) -> bool:
+        """Dead-letter a call with ``reason``; with ``only_inflight``, only if it is in flight now."""
+        flag = "1" if only_inflight else "0"
+        return bool(self._run("bury", [call_id, reason, flag], f"dead-letter call {call_id}"))
 
     def cancel(self, call_id: str) -> bool:
         return bool(self._run("cancel", [call_id], f"cancel call {call_id}"))

@@ -61,5 +61,18 @@ def connect(rd: RedisDelay) -> None:
                 if attempt == ACK_ATTEMPTS:
                     logger.error("redisdelay: could not acknowledge call %s; it will run again: %s", task_id, exc)
 
+    def on_unknown(sender: Any = None, name: str | None = None, id: str | None = None, **_: Any) -> None:
+        # Celery discards a message for a task this worker does not know; a call of ours would only
+        # come back after its queue timeout, again and again. Quarantine it now, saying why.
+        if id is None or getattr(sender, "app", None) is not rd.app:
+            return
+        reason = f"task {name!r} is not registered on the worker that received it; deploy it, then requeue"
+        try:
+            if rd.store.bury(id, reason, only_inflight=True):
+                logger.error("redisdelay: dead-lettered call %s: %s", id, reason)
+        except RedisDelayError as exc:
+            logger.warning("redisdelay: could not dead-letter call %s of unknown task %r: %s", id, name, exc)
+
     signals.task_prerun.connect(on_prerun, weak=False)
     signals.task_postrun.connect(on_postrun, weak=False)
+    signals.task_unknown.connect(on_unknown, weak=False)

@@ -127,6 +127,7 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_release_batch",
         "redisdelay_fast_release",
         "redisdelay_precise_release",
+        "redisdelay_max_payload_bytes",
     }
 
 
