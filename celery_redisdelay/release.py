@@ -138,8 +138,8 @@ class Releaser:
                     except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
                         reason = str(exc) if isinstance(exc, EnvelopeError) else f"cannot publish: {exc!r}"
                         logger.error("redisdelay: dead-lettering call %s: %s", call.id, reason)
-                        self.store.bury(call.id, reason)
-                        report.dead += 1
+                        if self.store.bury(call.id, reason, only_inflight=True):
+                            report.dead += 1
                     else:
                         published.append(call.id)
                     done += 1

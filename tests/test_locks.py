@@ -234,6 +234,21 @@ def test_a_busy_lock_defers_a_tracked_call_and_the_release_wakes_it(rd: RedisDel
     assert rd.store.lock_release("order:42", "tok") is True
 
 
+def test_a_deferred_call_rescheduled_by_hand_is_not_woken_early(rd: RedisDelay, client: redis.Redis) -> None:
+    call_id = order_task(rd).apply_async(kwargs={"order_id": 7}).id
+    rd.store.claim(10, 30_000)
+    rd.store.start(call_id, 30_000)
+    outside = rd.lock("order:7")
+    assert outside.acquire(blocking=False)
+    assert rd.store.lock_take("order:7", "tok", 5000, call_id, 3000)[0] == 0
+    assert rd.reschedule(call_id, countdown=3600)
+    assert outside.release() is True
+    entry = rd.find(call_id)
+    assert entry is not None
+    assert entry.score_ms > redis_ms(client) + 3_000_000, "the release must not undo the reschedule"
+    assert not client.exists(rd.keys.lock_waiters("order:7")), "it left the line"
+
+
 def test_lock_take_for_an_untracked_call_changes_nothing(rd: RedisDelay, client: redis.Redis) -> None:
     parked = order_task(rd).apply_async(kwargs={"order_id": 42}).id  # delayed, not in flight
     outside = rd.lock("order:42")

@@ -12,13 +12,14 @@ if redis.call('GET', LOCK) ~= ARGV[1] then
     return 0
 end
 redis.call('DEL', LOCK)
--- Waiters that are gone (cancelled, finished, dead-lettered) are dropped on the way; bounded.
+-- Waiters that are gone (cancelled, finished, dead-lettered) or no longer deferred are dropped on the
+-- way; bounded.
 for _ = 1, 100 do
     local first = redis.call('ZRANGE', WAITERS, 0, 0)[1]
     if not first then
         break
     end
-    if redis.call('ZSCORE', DELAYED, first) then
+    if redis.call('ZSCORE', DELAYED, first) and load_meta(first).s == 'deferred' then
         local now = now_ms()
         mark_if_earliest(now, first)
         redis.call('ZADD', DELAYED, now, first)
@@ -26,6 +27,7 @@ for _ = 1, 100 do
     elseif redis.call('ZSCORE', INFLIGHT, first) then
         break  -- already on its way to try again
     end
+    -- Gone, or parked again / rescheduled by hand (no longer waiting for this lock): drop it.
     redis.call('ZREM', WAITERS, first)
 end
 redis.call('DEL', WAKE_LIST)

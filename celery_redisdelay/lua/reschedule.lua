@@ -6,5 +6,11 @@ if not redis.call('ZSCORE', DELAYED, id) then
     return -1
 end
 local due = due_time(ARGV[2], ARGV[3])
+local meta = load_meta(id)
+if meta.s == 'deferred' then
+    -- Moved by hand: it no longer waits for its lock, so the lock's release must not wake it early.
+    meta.s = 'delayed'
+    save_meta(id, meta)
+end
 redis.call('ZADD', DELAYED, due, id)
 return due
