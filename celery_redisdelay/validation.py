@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from .errors import Abandon, RedisDelayError
 from .store import text
 
@@ -58,7 +60,13 @@ def register_validation_tasks(rd: RedisDelay) -> None:
     def consume(self: Any, run_id: str, number: int, fail_every: int) -> None:
         processed_key, counters_key = rd.keys.validation_keys(run_id)
         script = rd.store._scripts["validate_consume"]
-        if not script(keys=[processed_key, counters_key], args=[number, fail_every]):
+        try:
+            consumed = script(keys=[processed_key, counters_key], args=[number, fail_every])
+        except redis.RedisError as exc:
+            # The record may not have been written: a failure here would be acknowledged (Celery does not
+            # retry it) and the message lost to the check. Leave it in flight; the sweep delivers it again.
+            raise Abandon(f"validation run {run_id}: could not record message {number}: {exc}") from exc
+        if not consumed:
             raise Abandon(f"validation run {run_id}: failing delivery of message {number} on purpose")
 
     @rd.app.task(name=VALIDATE_TASK, shared=False)  # type: ignore[untyped-decorator]

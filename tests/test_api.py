@@ -27,6 +27,7 @@ from kombu.exceptions import EncodeError, OperationalError
 from kombu.serialization import dumps, loads
 
 from celery_redisdelay import (
+    Abandon,
     ConfigurationError,
     DelayedTask,
     PayloadError,
@@ -38,7 +39,7 @@ from celery_redisdelay import (
 from celery_redisdelay.envelope import Envelope
 from celery_redisdelay.extension import TICK_TASK
 from celery_redisdelay.store import Entry
-from celery_redisdelay.testing import RedisServer
+from celery_redisdelay.testing import RedisServer, free_port
 from celery_redisdelay.validation import CONSUMER_TASK, VALIDATE_TASK
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -732,3 +733,11 @@ def test_a_serializer_the_workers_do_not_accept_is_refused_at_park(make_app: Mak
     assert rd.find(task_id) is None
     accepted = not_accepted.apply_async((1,), countdown=5, serializer="json")
     assert rd.find(accepted.id) is not None, "a call with an accepted serializer still parks"
+
+
+def test_the_validation_consumer_leaves_a_message_in_flight_when_it_cannot_record_it(make_app: MakeApp) -> None:
+    """A chaos run found this: a dropped connection made the consumer fail, Celery acknowledged the
+    failure, and the message went missing from the check. It must stay unacknowledged instead."""
+    app, _ = make_app(redisdelay_url=f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(Abandon, match="could not record message 7"):
+        app.tasks[CONSUMER_TASK].run("run1", 7, 2)
