@@ -1,0 +1,170 @@
+"""The faults: planned from a seeded RNG at points spread over the run, injected by a thread.
+
+A fault's moment is a point of the run's progress, drawn uniformly: progress counts the parking of
+the messages (the first :data:`PARK_SHARE` of it) and then the messages processed, so some faults hit
+while the runner is still parking and the others while the workers process and the sweep redelivers.
+Progress, not time, because how long a run lasts depends on the machine and on the faults themselves.
+The thread injects the faults one after another, each with its recovery (a new process started and
+ready, Redis answering again) before the next.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+
+from .cluster import Cluster, ClusterClosed
+from .server import DurableRedis
+
+WORKER_KILL = "worker_kill"
+BEAT_KILL = "beat_kill"
+RELEASER_KILL = "releaser_kill"
+REDIS_RESTART = "redis_restart"
+CLIENT_KILL = "client_kill"
+KINDS = (WORKER_KILL, BEAT_KILL, RELEASER_KILL, REDIS_RESTART, CLIENT_KILL)
+ROLES = {WORKER_KILL: "worker", BEAT_KILL: "beat", RELEASER_KILL: "releaser"}
+
+#: The share of the progress scale given to parking the messages; the rest is processing them.
+PARK_SHARE = 0.1
+#: Faults are placed uniformly between these points of the progress scale (0: start, 1: all done).
+EARLIEST, LATEST = 0.01, 0.9
+
+
+@dataclass
+class Fault:
+    """One planned fault and, once injected, what happened."""
+
+    kind: str
+    at: float  # planned point of progress, 0..1
+    slot: int = 0  # the worker slot, for worker kills
+    injected: bool = False
+    elapsed: float | None = None  # seconds since the run started
+    wall: float | None = None  # time.time() of the fault, to match the workers' event logs
+    progress: float | None = None  # progress when it was injected
+    target: str = ""  # what was killed or restarted (name and pid)
+    replacement: str = ""  # what took its place
+    recovery_seconds: float | None = None  # until the replacement was ready / Redis answered
+    detail: str = ""
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan(counts: dict[str, int], rng: random.Random, workers: int) -> list[Fault]:
+    """``counts[kind]`` faults of each kind at uniformly drawn points of progress, in order."""
+    faults = []
+    for kind in KINDS:
+        for _ in range(counts.get(kind, 0)):
+            at = round(rng.uniform(EARLIEST, LATEST), 4)
+            faults.append(Fault(kind, at, slot=rng.randrange(workers) if kind == WORKER_KILL else 0))
+    return sorted(faults, key=lambda fault: fault.at)
+
+
+class Progress:
+    """Where the run is, on a 0..1 scale: messages parked (by the runner) and processed (by the workers)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.parked = 0
+        self.processed = 0
+        self.started = time.monotonic()
+
+    def on_parked(self) -> None:
+        self.parked += 1  # one thread parks; the fault thread only reads
+
+    def on_processed(self, done: int, total: int) -> None:
+        self.processed = done
+
+    def fraction(self) -> float:
+        parked = min(self.parked, self.count) / self.count
+        processed = min(self.processed, self.count) / self.count
+        return PARK_SHARE * parked + (1 - PARK_SHARE) * processed
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+class Injector(threading.Thread):
+    """Injects the planned faults in order as progress reaches their points, until :meth:`finish`."""
+
+    def __init__(
+        self,
+        faults: list[Fault],
+        progress: Progress,
+        cluster: Cluster,
+        server: DurableRedis,
+        say: Callable[[str], None],
+    ) -> None:
+        super().__init__(name="chaos-faults", daemon=True)
+        self.faults = faults
+        self.progress = progress
+        self.cluster = cluster
+        self.server = server
+        self.say = say
+        self.stopping = threading.Event()
+        self.failure: str | None = None  # a fault that could not be injected or recovered from
+
+    def finish(self, timeout: float = 120.0) -> None:
+        self.stopping.set()
+        self.join(timeout)
+
+    def run(self) -> None:
+        for fault in self.faults:
+            while self.progress.fraction() < fault.at:
+                if self.stopping.wait(0.05):
+                    return
+            if self.stopping.is_set():
+                return
+            try:
+                self.inject(fault)
+            except ClusterClosed:
+                return
+            except Exception as exc:  # noqa: BLE001 - reported, and the run goes on without this process
+                fault.error = f"{type(exc).__name__}: {exc}"
+                self.failure = f"{fault.kind} at {fault.elapsed:.1f}s: {fault.error}"
+                self.say(f"fault {fault.kind} failed: {traceback.format_exc()}")
+                if self.stopping.is_set():
+                    return
+
+    def inject(self, fault: Fault) -> None:
+        fault.injected = True
+        fault.elapsed = round(self.progress.elapsed(), 2)
+        fault.wall = round(time.time(), 4)
+        fault.progress = round(self.progress.fraction(), 4)
+        began = time.monotonic()
+        if fault.kind in ROLES:
+            role, slot = ROLES[fault.kind], fault.slot
+            old = self.cluster.current[(role, slot)]
+            fault.target = f"{old.name} pid {old.pid}"
+            _, new = self.cluster.replace(role, slot)
+            fault.replacement = f"{new.name} pid {new.pid}"
+        elif fault.kind == REDIS_RESTART:
+            fault.target = f"redis-server pid {self.server.pid}"
+            down, stopping = self.server.restart()
+            fault.replacement = f"redis-server pid {self.server.pid}"
+            fault.detail = f"SIGTERM, exited after {stopping:.2f}s, down {down:.2f}s in all"
+        elif fault.kind == CLIENT_KILL:
+            client = redis.Redis(host="127.0.0.1", port=self.server.port, socket_connect_timeout=2)
+            try:
+                before = len(client.client_list(_type="normal"))
+                killed = client.client_kill_filter(_type="normal")  # skips this connection
+            finally:
+                client.close()
+            fault.target = "CLIENT KILL TYPE normal"
+            fault.detail = f"{killed} of {before - 1} other normal connections dropped"
+        else:
+            raise ValueError(f"unknown fault {fault.kind}")
+        fault.recovery_seconds = round(time.monotonic() - began, 2)
+        self.say(
+            f"fault {fault.kind:<13} at {fault.elapsed:7.1f}s (progress {fault.progress:.3f}): "
+            f"{fault.target}{' -> ' + fault.replacement if fault.replacement else ''}"
+            f"{' (' + fault.detail + ')' if fault.detail else ''}, recovered in {fault.recovery_seconds:.1f}s"
+        )

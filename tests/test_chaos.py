@@ -1,0 +1,59 @@
+"""The chaos runner at CI size (``python -m chaos``): under worker, beat and releaser kills, a Redis
+restart and dropped connections, no validation message goes missing. Timings are not judged here."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAOS_TIMEOUT = 240
+CI_SIZE = (
+    "--count",
+    "2000",
+    "--worker-kills",
+    "5",
+    "--redis-restarts",
+    "1",
+    "--beat-kills",
+    "2",
+    "--releaser-kills",
+    "2",
+    "--client-kills",
+    "3",
+    # The validation gives up before the test does, so a failing run still prints its report.
+    "--deadline",
+    "180",
+)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(CHAOS_TIMEOUT + 90)
+def test_chaos_run_loses_no_message(tmp_path: Path) -> None:
+    out = tmp_path / "chaos.json"
+    chaos = subprocess.Popen(
+        [sys.executable, "-m", "chaos", *CI_SIZE, "--json", str(out)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = chaos.communicate(timeout=CHAOS_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        chaos.send_signal(signal.SIGTERM)  # it stops its workers, beat, releaser and redis-server on SIGTERM
+        output, _ = chaos.communicate(timeout=60)
+        pytest.fail(f"python -m chaos did not finish in {CHAOS_TIMEOUT} s:\n{output}")
+    print(output)
+
+    report = json.loads(out.read_text())
+    assert report["result"]["expected"] == 2000, output
+    assert report["result"]["missing"] == [], output
+    assert chaos.returncode == 0, output
