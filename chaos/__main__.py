@@ -28,6 +28,12 @@ RNG, spread over the run (``chaos/faults.py``):
 client that retries connection errors with backoff; the workers, beat and releaser run the package
 as it is.
 
+A process that exits on its own (Celery 5.7 workers can die with "Unrecoverable error:
+AttributeError ... 'hostname'" when the broker connection breaks during a Redis restart) is started
+again, as systemd would, and reported as an unplanned exit. When messages are missing and nothing is
+left that could deliver them (no call parked or in flight, no message queued or held by a worker) for
+10 s, the validation is ended early instead of waiting for its deadline.
+
 At the end it prints the report (expected, processed, missing, duplicates with an explanation each,
 dead-lettered, deliveries, failures, elapsed, the faults with their times) and writes it as JSON. A
 duplicate is allowed only when an acknowledgement was lost (see ``chaos/analysis.py``). It stops
