@@ -58,7 +58,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -67,10 +66,9 @@ from dataclasses import asdict
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from celery_redisdelay.testing import RedisServer
+from celery_redisdelay.testing import RedisServer, exit_on_sigterm
 
 from .context import Context
 from .figures import FIGURES
@@ -84,11 +82,6 @@ _started = time.monotonic()
 
 def say(text: str) -> None:
     print(f"[{time.monotonic() - _started:6.1f}s] {text}", flush=True)
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM ends the run like Ctrl-C, so the ``finally`` blocks stop what was started."""
-    raise SystemExit(128 + signum)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -140,7 +133,7 @@ def git_revision() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     figures: dict[str, dict[str, Any]] = {}
     server = RedisServer()

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 DEBIAN_REDIS_SERVER = "/usr/bin/redis-server"
 
@@ -78,13 +80,36 @@ def kill_group(process: subprocess.Popen[Any]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-class RedisServer:
-    """A throwaway redis-server on a free loopback port."""
+def exit_on_sigterm() -> None:
+    """Make SIGTERM end the program as Ctrl-C does (SystemExit), so its ``finally`` blocks stop what it
+    started; for the demo, the benchmarks and the chaos runner."""
 
-    def __init__(self, binary: str | None = None, extra_args: Sequence[str] = (), port: int | None = None) -> None:
+    def leave(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, leave)
+
+
+class RedisServer:
+    """A throwaway redis-server on a free loopback port.
+
+    ``extra_args`` come last, so they override the defaults (``--appendonly yes`` makes it durable).
+    ``restart()`` stops it with SIGTERM (it syncs its files) and starts it again on the same port and
+    data directory; ``stop()`` stops it and deletes the directory.
+    """
+
+    def __init__(
+        self,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+        port: int | None = None,
+        directory: str | Path | None = None,
+    ) -> None:
         self.binary = binary or redis_server_binary()
         self.port = port or free_port()
-        self.dir = tempfile.mkdtemp(prefix="redisdelay-redis-")
+        self.dir = Path(directory or tempfile.mkdtemp(prefix="redisdelay-redis-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.dir / "redis.log"
         self.extra_args = list(extra_args)
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -92,7 +117,11 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"
 
-    def start(self) -> RedisServer:
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def start(self, timeout: float = 30.0) -> RedisServer:
         args = [
             self.binary,
             "--bind",
@@ -100,7 +129,7 @@ class RedisServer:
             "--port",
             str(self.port),
             "--dir",
-            self.dir,
+            str(self.dir),
             "--save",
             "",
             "--appendonly",
@@ -109,21 +138,21 @@ class RedisServer:
             "no",
             *self.extra_args,
         ]
-        with open(Path(self.dir) / "redis.log", "wb") as log:  # the server keeps its own descriptor
+        with open(self.log_path, "ab") as log:  # the server keeps its own descriptor
             self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
         try:
-            wait_for(lambda: self._answers(client), 20, f"redis-server on port {self.port}")
+            wait_for(lambda: self._answers(client), timeout, f"redis-server on port {self.port}")
         finally:
             client.close()
         return self
 
     def _answers(self, client: redis.Redis) -> bool:
         if self.process is not None and self.process.poll() is not None:
-            raise RuntimeError(f"redis-server exited: {(Path(self.dir) / 'redis.log').read_text()}")
+            raise RuntimeError(f"redis-server exited: {self.log_path.read_text(errors='replace')[-2000:]}")
         try:
             return bool(client.ping())
-        except redis.ConnectionError:
+        except redis.ConnectionError:  # also -LOADING while it reads its append-only file
             return False
 
     def version(self) -> str:
@@ -133,10 +162,22 @@ class RedisServer:
         finally:
             client.close()
 
-    def stop(self) -> None:
+    def terminate(self, timeout: float = 30.0) -> None:
+        """SIGTERM: the server finishes the command at hand, syncs its files and exits; its data stays."""
         if self.process is not None:
-            stop_process(self.process)
+            stop_process(self.process, timeout, sig=signal.SIGTERM)
             self.process = None
+
+    def restart(self) -> tuple[float, float]:
+        """Stop and start again on the same port and data: (seconds down, seconds it took to stop)."""
+        began = time.monotonic()
+        self.terminate()
+        stopped = time.monotonic() - began
+        self.start()
+        return time.monotonic() - began, stopped
+
+    def stop(self) -> None:
+        self.terminate()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> RedisServer:

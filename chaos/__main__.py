@@ -49,7 +49,6 @@ import os
 import platform
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -58,7 +57,6 @@ import traceback
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
-from types import FrameType
 from typing import Any, ClassVar, TypeVar
 
 import redis
@@ -68,6 +66,7 @@ from redis.retry import Retry
 
 from celery_redisdelay import RedisDelay, ValidationReport, run_validation
 from celery_redisdelay.store import text
+from celery_redisdelay.testing import exit_on_sigterm
 from celery_redisdelay.validation import CONSUMER_TASK
 
 from .analysis import Explainer, read_runs, recoveries, run_counts
@@ -92,11 +91,6 @@ _started = time.monotonic()
 
 def say(text: str) -> None:
     print(f"[{time.monotonic() - _started:6.1f}s] {text}", flush=True)
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM ends the run like Ctrl-C, so the ``finally`` blocks stop what was started."""
-    raise SystemExit(128 + signum)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -401,7 +395,7 @@ def environment(server: DurableRedis) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     run_dir = Path(tempfile.mkdtemp(prefix="redisdelay-chaos-"))
     run = Run(args, seed, run_dir)

@@ -17,10 +17,17 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, redis_server_binary, wait_for, worker
+from celery_redisdelay.testing import (
+    CeleryProcess,
+    RedisServer,
+    beat,
+    exit_on_sigterm,
+    redis_server_binary,
+    wait_for,
+    worker,
+)
 
 if TYPE_CHECKING:
     from celery_redisdelay import RedisDelay, ValidationReport
@@ -55,11 +62,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def say(text: str) -> None:
     print(text, flush=True)
-
-
-def _terminate(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM ends the demo like Ctrl-C does, so the ``finally`` below stops what it started."""
-    raise SystemExit(128 + signum)
 
 
 class DemoError(RuntimeError):
@@ -183,7 +185,7 @@ def cleanup(processes: list[CeleryProcess], keep_logs: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _terminate)
+    exit_on_sigterm()
     started = time.monotonic()
     server: RedisServer | None = None
     processes: list[CeleryProcess] = []

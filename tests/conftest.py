@@ -4,6 +4,9 @@ real Celery worker and beat processes for the end-to-end tests."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,3 +123,26 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+def run_module(module: str, *args: str, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run ``python -m module args`` from the project root; (exit status, output).
+
+    On timeout it sends SIGTERM (the demo, the benchmarks and the chaos runner then stop what they
+    started, by PID) and fails the test with the output so far.
+    """
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+        pytest.fail(f"python -m {module} did not finish in {timeout:.0f} s:\n{output}")
+    return process.returncode, output

@@ -7,6 +7,7 @@ loop goes on.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -221,3 +222,20 @@ def test_odd_characters_in_keys_and_lock_names(rd: RedisDelay, odd: str) -> None
         echo.apply_async((5,), countdown=60, unique_key=ODD[-1])  # the empty string is refused
     with pytest.raises(ScheduleError):
         group.add(timedelta(1), 1)  # type: ignore[arg-type]  # a key must be a string
+
+
+def test_workers_and_beat_log_the_evicting_policy_when_they_start(
+    rd: RedisDelay, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    policy = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    try:
+        client.config_set("maxmemory-policy", "allkeys-lru")
+        with caplog.at_level(logging.WARNING, logger="celery_redisdelay.extension"):
+            signals.worker_ready.send(sender=Consumer(rd.app))
+            signals.beat_init.send(sender=Consumer(rd.app))
+            signals.worker_ready.send(sender=Consumer(object()))  # another app's worker: not ours to judge
+    finally:
+        client.config_set("maxmemory-policy", policy)
+    warnings = [r.getMessage() for r in caplog.records if "allkeys-lru" in r.getMessage()]
+    assert len(warnings) == 2
+    assert all(w.startswith("redisdelay: WARNING:") for w in warnings)

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .conftest import run_module
+
 BENCH_TIMEOUT = 170
 FIGURES = ("park_single", "park_bulk", "release", "worker_memory", "lateness", "redis_memory_per_call")
 NOT_IMPLEMENTED = "not implemented"
@@ -25,21 +22,8 @@ def is_number(value: object) -> bool:
 @pytest.mark.timeout(BENCH_TIMEOUT + 30)
 def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    bench = subprocess.Popen(
-        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = bench.communicate(timeout=BENCH_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        bench.send_signal(signal.SIGTERM)  # it stops its workers and redis-server on SIGTERM
-        output, _ = bench.communicate(timeout=60)
-        pytest.fail(f"python -m bench --quick did not finish in {BENCH_TIMEOUT} s:\n{output}")
-    assert bench.returncode == 0, output
+    status, output = run_module("bench", "--quick", "--json", str(out), timeout=BENCH_TIMEOUT)
+    assert status == 0, output
 
     results = json.loads(out.read_text())
     assert set(results["figures"]) == set(FIGURES), output

@@ -4,15 +4,12 @@ restart and dropped connections, no validation message goes missing. Timings are
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from .conftest import run_module
+
 CHAOS_TIMEOUT = 240
 CI_SIZE = (
     "--count",
@@ -37,23 +34,10 @@ CI_SIZE = (
 @pytest.mark.timeout(CHAOS_TIMEOUT + 90)
 def test_chaos_run_loses_no_message(tmp_path: Path) -> None:
     out = tmp_path / "chaos.json"
-    chaos = subprocess.Popen(
-        [sys.executable, "-m", "chaos", *CI_SIZE, "--json", str(out)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = chaos.communicate(timeout=CHAOS_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        chaos.send_signal(signal.SIGTERM)  # it stops its workers, beat, releaser and redis-server on SIGTERM
-        output, _ = chaos.communicate(timeout=60)
-        pytest.fail(f"python -m chaos did not finish in {CHAOS_TIMEOUT} s:\n{output}")
+    status, output = run_module("chaos", *CI_SIZE, "--json", str(out), timeout=CHAOS_TIMEOUT)
     print(output)
 
     report = json.loads(out.read_text())
     assert report["result"]["expected"] == 2000, output
     assert report["result"]["missing"] == [], output
-    assert chaos.returncode == 0, output
+    assert status == 0, output

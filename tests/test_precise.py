@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.precise import PreciseReleaser
+from celery_redisdelay.precise import PreciseReleaser, PreciseReleaseStep
 from celery_redisdelay.testing import wait_for
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -85,3 +85,30 @@ def test_two_releasers_never_publish_a_call_twice(make_app: MakeApp, client: red
         ids = [ping.apply_async((n,), countdown=(n % 5) / 10).id for n in range(300)]
         wait_for(lambda: len(published(client, rd)) >= 300, 30, "300 releases")
     assert sorted(published(client, rd)) == sorted(ids)
+
+
+class Worker:
+    """Stands for the worker the bootstep is given: all the step reads is its app."""
+
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+
+def test_the_worker_bootstep_runs_a_releaser_when_the_setting_asks(make_app: MakeApp, client: redis.Redis) -> None:
+    app, rd = make_app(redisdelay_precise_release=True)
+    ping = task_on(rd)
+    worker = Worker(app)
+    step = PreciseReleaseStep(worker)
+    step.start(worker)
+    try:
+        assert step.thread is not None and step.thread.is_alive()
+        result = ping.apply_async((1,), countdown=0.1)
+        wait_for(lambda: published(client, rd) == [result.id], 10, "the release by the worker's releaser")
+    finally:
+        step.stop(worker)
+    assert not step.thread.is_alive()
+
+    off_app, _ = make_app()
+    idle = PreciseReleaseStep(Worker(off_app))
+    idle.start(Worker(off_app))
+    assert idle.thread is None, "off by default"
