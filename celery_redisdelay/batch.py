@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery.result import AsyncResult
-from celery.utils import uuid
 from kombu.utils import json
 
 from .envelope import EnvelopeError
@@ -104,12 +103,15 @@ class BatchedTask(DelayedTask):
                 "nothing was stored"
             ) from exc
         self.redisdelay.check_size(f"an item of {self.name}", len(encoded.encode()))
-        released = self.redisdelay.store.batch_add(
-            group_id(self.name, key),
+        group = group_id(self.name, key)
+        shards = self.redisdelay.shards
+        store = shards.for_name(group)
+        released = store.batch_add(
+            group,
             encoded,
             self.batch_size,
             round(self.batch_max_wait * 1000),
-            uuid(),
+            shards.new_id(store),
             self.call_limits(),
         )[1]
         return None if released is None else self.AsyncResult(released)

@@ -9,12 +9,12 @@ signals are sent for the first call only.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from celery.result import AsyncResult
-from celery.utils import uuid
 from celery.utils.saferepr import saferepr
 from kombu.exceptions import EncodeError
 from kombu.serialization import dumps, loads
@@ -22,7 +22,7 @@ from kombu.serialization import dumps, loads
 from . import wire
 from .envelope import Envelope
 from .errors import PayloadError
-from .store import due_args
+from .store import CallStore, due_args
 
 if TYPE_CHECKING:
     from .schedule import Due
@@ -43,9 +43,17 @@ def park_many(
     if not every:
         return []
     rd = task.redisdelay
-    if task.app.conf.task_always_eager or options.get("compression") or any(key in options for key in KEYED):
+    one_by_one = task.lock is not None and rd.shards.count > 1  # each call goes beside its own lock
+    if task.app.conf.task_always_eager or options.get("compression") or one_by_one or any(k in options for k in KEYED):
         return [task.apply_async(args, kwargs, **options) for args in every]
-    first_id = uuid()
+    # Each chunk of calls goes to one shard (one script call), the chunks in turns from a random one.
+    stores = rd.shards.stores
+    first_shard = random.randrange(len(stores))
+
+    def store_of(index: int) -> CallStore:
+        return stores[(first_shard + index // CHUNK) % len(stores)]
+
+    first_id = rd.shards.new_id(store_of(0))
     captured: list[tuple[Envelope, Due, dict[str, Any]]] = []
     task.apply_async(every[0], kwargs, task_id=first_id, _redisdelay_capture=captured, **options)
     [(template, due, limits)] = captured
@@ -55,14 +63,14 @@ def park_many(
     # Every message is built before anything is written: a call that cannot be serialized stores nothing.
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
     fast = wire.Template.of(task.app, rd.broker_layout, template) if rd.fast_release else None
-    meta = rd.store.meta_json({**limits, "l": fast.key} if fast else limits)
+    meta = CallStore.meta_json({**limits, "l": fast.key} if fast else limits)
     first = fast.render() if fast else template.encode()
     rd.check_size(template.task, len(first))
     flat: list[Any] = [first_id, first, meta]
-    for args in every[1:]:
+    for index, args in enumerate(every[1:], start=1):
         if check_arguments is not None:
             check_arguments(*args, **(kwargs or {}))
-        call_id = uuid()
+        call_id = rd.shards.new_id(store_of(index))
         body = _body(template, args, body_kwargs, embed, serializer)
         if fast is not None:
             stored = fast.render(call_id, body, argsrepr(args))
@@ -71,7 +79,7 @@ def park_many(
         rd.check_size(template.task, len(stored))
         flat.extend((call_id, stored, meta))
     for start in range(0, len(flat), 3 * CHUNK):
-        rd.store.park_many(flat[start : start + 3 * CHUNK], when)
+        store_of(start // 3).park_many(flat[start : start + 3 * CHUNK], when)
     return [task.AsyncResult(flat[i]) for i in range(0, len(flat), 3)]
 
 

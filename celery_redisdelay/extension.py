@@ -11,19 +11,22 @@ from typing import Any, TypeVar, overload
 
 import redis
 from celery import Celery, signals
+from redis.sentinel import SentinelConnectionPool
 
 from . import tracking, wire
 from .batch import BatchedTask, check_batch_options
+from .connection import connect, is_cluster
 from .envelope import Envelope
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
 from .keys import Keyspace
 from .locks import Lock
 from .precise import PreciseReleaseStep
 from .producer import ParkingProducer, accepted_content_types
-from .release import Releaser, TickReport
+from .release import Releaser, TickReport, tick_all
 from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
-from .store import CallStore, Entry, redis_errors, text
+from .shards import ShardSet
+from .store import CallStore, Entry, merged_pages, redis_errors, text
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
 from .validation import register_validation_tasks
 
@@ -41,6 +44,8 @@ _OPTION_ATTRIBUTES = {"countdown": "default_countdown", "timeout": "visibility_t
 
 def broker_is_store(app: Any, client: redis.Redis) -> bool:
     """Whether the app's broker is a Redis on the server and database ``client`` talks to."""
+    if is_cluster(client) or isinstance(client.connection_pool, SentinelConnectionPool):
+        return False
     connection = app.connection_for_write()
     try:
         if connection.transport_cls not in ("redis", "rediss"):
@@ -74,6 +79,7 @@ class RedisDelay:
         self.app: Any = app
         self.Task: type[DelayedTask] = type("DelayedTask", (DelayedTask,), {"redisdelay": self})
         self.BatchedTask: type[BatchedTask] = type("BatchedTask", (BatchedTask,), {"redisdelay": self})
+        self._releasers: dict[str, Releaser] = {}
 
         def tick() -> dict[str, int]:
             return self.tick()
@@ -106,16 +112,24 @@ class RedisDelay:
         return Settings.from_conf(self.app.conf)
 
     @cached_property
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.settings.url, health_check_interval=30)
+    def client(self) -> Any:
+        """The store's client: ``redis.Redis`` (one server or Sentinel's master) or ``RedisCluster``."""
+        return connect(self.settings)
+
+    @cached_property
+    def shards(self) -> ShardSet:
+        """The call stores: ``redisdelay_shards`` of them, plus retired ones that still hold calls."""
+        return ShardSet(self.client, self.settings.key_prefix, self.settings.shards)
 
     @cached_property
     def keys(self) -> Keyspace:
-        return Keyspace(self.settings.key_prefix)
+        """The keys of the first shard (the only one unless ``redisdelay_shards`` is set)."""
+        return self.store.keys
 
     @cached_property
     def store(self) -> CallStore:
-        return CallStore(self.client, self.keys)
+        """The first shard's store (the only one unless ``redisdelay_shards`` is set)."""
+        return self.shards.stores[0]
 
     @cached_property
     def accepted_content_types(self) -> frozenset[str] | None:
@@ -143,10 +157,24 @@ class RedisDelay:
     def broker_layout(self) -> wire.BrokerLayout:
         return wire.BrokerLayout.of(self.app)
 
-    @cached_property
+    def releaser_for(self, store: CallStore) -> Releaser:
+        """The releaser of one shard (made once per shard)."""
+        made = self._releasers.get(store.keys.tag)
+        if made is None or made.store is not store:
+            lists = self.broker_layout.list_keys(self.app) if self.fast_release else None
+            made = Releaser(self.app, store, self.settings, lists, new_id=lambda: self.shards.new_id(store))
+            self._releasers[store.keys.tag] = made
+        return made
+
+    @property
+    def releasers(self) -> list[Releaser]:
+        """A releaser for every shard, retired ones included."""
+        return [self.releaser_for(store) for store in self.shards.all()]
+
+    @property
     def releaser(self) -> Releaser:
-        lists = self.broker_layout.list_keys(self.app) if self.fast_release else None
-        return Releaser(self.app, self.store, self.settings, lists)
+        """The first shard's releaser."""
+        return self.releaser_for(self.store)
 
     def _on_configured(self, sender: Any = None, source: Any = None, **_: Any) -> None:
         if sender is self.app and source is not None:
@@ -255,7 +283,7 @@ class RedisDelay:
                 ) from exc
             self.check_size(envelope.task, len(encoded))
             stored_meta = {**meta, "l": fast[1]} if fast else meta  # the list the release script pushes to
-            status, _, holder = self.store.park_keyed(
+            status, _, holder = self.shards.home(task_id).park_keyed(
                 task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
             )
             return status, holder
@@ -280,6 +308,8 @@ class RedisDelay:
             found: Any = self.client.config_get("maxmemory-policy")
         except redis.RedisError:
             return []  # CONFIG may be disabled (managed Redis): nothing to say
+        if is_cluster(self.client) and found and all(isinstance(value, dict) for value in found.values()):
+            found = next(iter(found.values()))  # one answer per node; they are configured alike
         policy = text(dict(found).get(b"maxmemory-policy") or dict(found).get("maxmemory-policy") or "noeviction")
         if policy.startswith("allkeys-"):
             problems.append(
@@ -293,12 +323,48 @@ class RedisDelay:
             )
         return problems
 
+    def check_config(self) -> list[str]:
+        """Settings that make the broker deliver calls we track a second time; logged loudly at start-up.
+
+        kombu's Redis transport delivers a message again when it stays unacknowledged longer than the
+        broker's ``visibility_timeout`` (one hour by default): a run longer than that under
+        ``acks_late``, or a message waiting in a worker's prefetch buffer that long.
+        """
+        conf = self.app.conf
+        options = conf.get("broker_transport_options") or {}
+        broker = str(conf.get("broker_url") or "")
+        if not broker.startswith(("redis://", "rediss://", "sentinel://", "unix://")):
+            return []
+        broker_timeout = float(options.get("visibility_timeout", 3600))
+        problems = []
+        runs = {
+            task.name: task.visibility_timeout or self.settings.visibility_timeout
+            for task in self.app.tasks.values()
+            if isinstance(task, DelayedTask) and task.acks_late
+        }
+        too_long = sorted(name for name, run in runs.items() if run > broker_timeout)
+        if too_long:
+            longest = max(runs[name] for name in too_long)
+            names = ", ".join(too_long)
+            problems.append(
+                f"tasks with acks_late ({names}) may run up to {longest:.0f} s (their visibility timeout), longer "
+                f"than the broker's visibility_timeout of {broker_timeout:.0f} s: the broker would deliver a running "
+                "call again. Raise broker_transport_options['visibility_timeout'] above the longest run"
+            )
+        if self.settings.queue_timeout < broker_timeout:
+            problems.append(
+                f"redisdelay_queue_timeout ({self.settings.queue_timeout:.0f} s) is shorter than the broker's "
+                f"visibility_timeout ({broker_timeout:.0f} s): a released call a worker prefetched can be delivered "
+                "by the sweep and again by the broker. Leave redisdelay_queue_timeout unset (twice the broker's)"
+            )
+        return problems
+
     def _warn_about_server(self, sender: Any = None, **_: Any) -> None:
         app = getattr(sender, "app", None)
         if app is not None and app is not self.app:
             return
         try:
-            problems = self.check_server()
+            problems = self.check_config() + self.check_server()
         except RedisDelayError:
             return
         for problem in problems:
@@ -308,14 +374,17 @@ class RedisDelay:
 
     def cancel(self, task_id: str) -> bool:
         """Drop a call that is still parked; False when it was already released, finished or unknown."""
-        return self.store.cancel(task_id)
+        return self.shards.first(task_id, lambda store: store.cancel(task_id))
 
     def reschedule(self, task_id: str, *, countdown: float | None = None, eta: Any = None) -> bool:
         """Move a parked call to ``countdown`` seconds from now or to ``eta``; False when it is no longer parked."""
         if countdown is None and eta is None:
             raise ScheduleError("reschedule needs countdown or eta")
         due = resolve_due(countdown, eta, timezone=self.app.conf.timezone)
-        return self.store.reschedule(task_id, countdown_ms=due.countdown_ms, due_ms=due.at_ms) is not None
+        moved = self.shards.first(
+            task_id, lambda store: store.reschedule(task_id, countdown_ms=due.countdown_ms, due_ms=due.at_ms)
+        )
+        return moved is not None
 
     def lock(self, name: str, timeout: float = 60.0, blocking_timeout: float | None = None) -> Lock:
         """The lock ``name`` for code outside tasks: ``with rd.lock("order:42", timeout=60): ...``.
@@ -324,11 +393,11 @@ class RedisDelay:
         is taken; ``with`` waits up to ``blocking_timeout`` seconds (None: as long as it takes) and
         raises :class:`LockTimeout` after that. Releasing it wakes the first call deferred behind it.
         """
-        return Lock(self.store, name, timeout, blocking_timeout)
+        return Lock(self.shards.for_name(name), name, timeout, blocking_timeout)
 
     def requeue(self, task_id: str) -> bool:
         """Give a dead-lettered call a fresh start, due now; False when it is not dead-lettered."""
-        status = self.store.requeue(task_id)
+        status = self.shards.first(task_id, lambda store: store.requeue(task_id))
         if status < 0:
             raise RedisDelayError(f"call {task_id} has no payload left to run; it stays dead-lettered")
         return status == 1
@@ -336,19 +405,19 @@ class RedisDelay:
     def stats(self) -> dict[str, int]:
         """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``,
         and the open batch groups (``batch_groups``) and the items waiting in them (``batch_items``)."""
-        return self.store.stats()
+        return self.shards.total([store.stats() for store in self.shards.all()])
 
     def find(self, task_id: str) -> Entry | None:
         """Where a call is (delayed, inflight or dead) with its metadata, or None."""
-        return self.store.find(task_id)
+        return self.shards.first(task_id, lambda store: store.find(task_id))
 
     def dead_letters(self, limit: int = 100, offset: int = 0) -> list[Entry]:
-        """A page of dead-lettered calls; each entry's ``meta['why']`` says why."""
-        return self.store.entries("dead", limit, offset)
+        """A page of dead-lettered calls, oldest first over all shards; each entry's ``meta['why']`` says why."""
+        return merged_pages(self.shards.all(), "dead", limit, offset)
 
     def tick(self) -> dict[str, int]:
         """Sweep timed-out calls and release due ones (the body of the ``redisdelay.tick`` task)."""
-        report: TickReport = self.releaser.tick()
+        report: TickReport = tick_all(self.releasers)
         if report.released or report.requeued or report.dead:
             logger.info("redisdelay tick: %s", report.as_dict())
         return report.as_dict()

@@ -1,8 +1,8 @@
 """Names of the Redis keys, built in one place.
 
-All keys of the call store share one hash tag (``{prefix}``), so every script runs on one
-Redis Cluster slot: the nine fixed keys, and the per-name keys of batch groups and locks. Validation
-runs use their own hash tag, one per run.
+All keys of one call store share one hash tag (``{prefix}``, or ``{prefix:N}`` for the shards of
+``redisdelay_shards``), so every script runs on one Redis Cluster slot: the nine fixed keys, and the
+per-name keys of batch groups and locks. Validation runs use their own hash tag, one per run.
 """
 
 from __future__ import annotations
@@ -15,9 +15,11 @@ from .errors import ConfigurationError
 
 @dataclass(frozen=True)
 class Keyspace:
-    """The keys of one call store."""
+    """The keys of one call store: ``prefix`` names the deployment, ``tag`` (the prefix by default)
+    the store's hash tag."""
 
     prefix: str
+    tag: str = ""
 
     def __post_init__(self) -> None:
         if not self.prefix or any(c in self.prefix for c in "{}"):
@@ -25,9 +27,11 @@ class Keyspace:
                 f"redisdelay_key_prefix {self.prefix!r} must be a non-empty string without braces; "
                 "the braces of the key names are added by celery-redisdelay as a hash tag"
             )
+        if not self.tag:
+            object.__setattr__(self, "tag", self.prefix)
 
     def _key(self, name: str) -> str:
-        return f"{{{self.prefix}}}:{name}"
+        return f"{{{self.tag}}}:{name}"
 
     @property
     def delayed(self) -> str:
@@ -94,6 +98,11 @@ class Keyspace:
     def lock_wake(self, name: str) -> str:
         """A one-item list pushed on release, which blocking waiters outside tasks wait on."""
         return self._key(f"lock-wake:{name}")
+
+    @property
+    def shard_registry(self) -> str:
+        """A set of the hash tags of every shard ever configured: releasers drain retired ones too."""
+        return f"{{{self.prefix}}}:shards"
 
     def validation_keys(self, run_id: str) -> list[str]:
         """The keys of one validation run: processed counts per message, and run counters."""

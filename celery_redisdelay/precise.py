@@ -8,7 +8,8 @@ blocked connection can be closed by the server), and any number of releasers may
 other and beside the beat tick, which stays as the backstop: every release is one atomic script.
 
 Run it as ``celery -A proj redisdelay releaser``, or inside each worker with
-``redisdelay_precise_release = True``.
+``redisdelay_precise_release = True``. With ``redisdelay_shards``, one releaser thread watches each
+shard (a blocking wait covers one key, and on a cluster one node).
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery import bootsteps
 
+from .connection import connect
 from .errors import RedisDelayError
 from .release import TickReport, broker_errors
+from .store import server_ms
 
 if TYPE_CHECKING:
     from .extension import RedisDelay
+    from .store import CallStore
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +43,22 @@ SERVER_TIMER_SECONDS = 0.1
 class PreciseReleaser:
     """Release due calls as they fall due; :meth:`run` loops until :meth:`stop`."""
 
-    def __init__(self, rd: RedisDelay, longest_sleep: float = 1.0, retry_after: float = 0.5) -> None:
+    def __init__(
+        self,
+        rd: RedisDelay,
+        longest_sleep: float = 1.0,
+        retry_after: float = 0.5,
+        store: CallStore | None = None,
+        stopping: threading.Event | None = None,
+    ) -> None:
         self.rd = rd
+        self.store = store or rd.store
+        self.keys = self.store.keys
         self.longest_sleep = longest_sleep
         self.retry_after = retry_after
-        self.stopping = threading.Event()
+        self.stopping = stopping or threading.Event()
         # Its own connection: a blocked BZPOPMIN must not hold one the rest of the app needs.
-        self.client = redis.Redis.from_url(rd.settings.url, health_check_interval=30)
+        self.client = connect(rd.settings)
         self.released = 0
         with rd.app.producer_or_acquire() as producer:
             self.errors: tuple[type[BaseException], ...] = (
@@ -59,7 +72,7 @@ class PreciseReleaser:
         """Flush due batch groups and release every due call (bounded by the round budget)."""
         report = TickReport()
         deadline = time.monotonic() + ROUND_BUDGET_SECONDS
-        releaser = self.rd.releaser
+        releaser = self.rd.releaser_for(self.store)
         releaser.flush_batches(report, deadline)
         releaser.release(report, deadline)
         self.released += report.released
@@ -67,13 +80,10 @@ class PreciseReleaser:
 
     def seconds_to_next(self) -> float:
         """Seconds until the earliest parked call is due (0: due now), at most ``longest_sleep``."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.zrange(self.rd.keys.delayed, 0, 0, withscores=True)
-        pipe.time()
-        first, (seconds, micros) = pipe.execute()
+        first = self.client.zrange(self.keys.delayed, 0, 0, withscores=True)
         if not first:
             return self.longest_sleep
-        now_ms = float(seconds) * 1000 + float(micros) / 1000
+        now_ms = server_ms(self.client, self.keys.delayed)
         due_ms = float(first[0][1])
         return min(max((due_ms - now_ms) / 1000, 0.0), self.longest_sleep)
 
@@ -90,7 +100,7 @@ class PreciseReleaser:
         if wait <= SERVER_TIMER_SECONDS:
             self.stopping.wait(wait)
         else:
-            self.client.bzpopmin([self.rd.keys.wake], timeout=wait - SERVER_TIMER_SECONDS)
+            self.client.bzpopmin([self.keys.wake], timeout=wait - SERVER_TIMER_SECONDS)
 
     def run(self) -> None:
         """Release and sleep until stopped; errors are logged and retried, never fatal."""
@@ -100,7 +110,7 @@ class PreciseReleaser:
             try:
                 if time.monotonic() - last_sweep >= sweep_every:
                     report = TickReport()
-                    self.rd.releaser.sweep(report, time.monotonic() + ROUND_BUDGET_SECONDS)
+                    self.rd.releaser_for(self.store).sweep(report, time.monotonic() + ROUND_BUDGET_SECONDS)
                     last_sweep = time.monotonic()
                 self.release_due()
                 self.sleep()
@@ -113,7 +123,35 @@ class PreciseReleaser:
         which then looks again and sleeps on)."""
         self.stopping.set()
         with contextlib.suppress(redis.RedisError):  # else it wakes by itself within longest_sleep
-            self.rd.client.zadd(self.rd.keys.wake, {f"stop:{id(self)}": 0})
+            self.rd.client.zadd(self.keys.wake, {f"stop:{id(self)}": 0})
+
+
+class PreciseReleasers:
+    """One :class:`PreciseReleaser` per configured shard, each in its own thread; :meth:`run` blocks."""
+
+    def __init__(self, rd: RedisDelay, longest_sleep: float = 1.0) -> None:
+        self.stopping = threading.Event()
+        self.releasers = [
+            PreciseReleaser(rd, longest_sleep, store=store, stopping=self.stopping) for store in rd.shards.stores
+        ]
+        self.longest_sleep = longest_sleep
+
+    @property
+    def released(self) -> int:
+        return sum(releaser.released for releaser in self.releasers)
+
+    def run(self) -> None:
+        *others, last = self.releasers
+        threads = [threading.Thread(target=r.run, name="redisdelay-releaser", daemon=True) for r in others]
+        for thread in threads:
+            thread.start()
+        last.run()
+        for thread in threads:
+            thread.join(self.longest_sleep + 5)
+
+    def stop(self) -> None:
+        for releaser in self.releasers:
+            releaser.stop()
 
 
 class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
@@ -123,7 +161,7 @@ class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Cele
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
-        self.releaser: PreciseReleaser | None = None
+        self.releaser: PreciseReleasers | None = None
         self.thread: threading.Thread | None = None
 
     def start(self, worker: Any) -> None:
@@ -132,7 +170,7 @@ class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Cele
         rd = RedisDelay.of(worker.app)
         if not rd.settings.precise_release:
             return
-        self.releaser = PreciseReleaser(rd)
+        self.releaser = PreciseReleasers(rd)
         self.thread = threading.Thread(target=self.releaser.run, name="redisdelay-releaser", daemon=True)
         self.thread.start()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -93,36 +94,64 @@ def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:
 class Releaser:
     """Moves due calls from the store to the broker."""
 
-    def __init__(self, app: Celery, store: CallStore, settings: Settings, lists: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        app: Celery,
+        store: CallStore,
+        settings: Settings,
+        lists: list[str] | None = None,
+        new_id: Callable[[], str] = uuid,
+    ) -> None:
         self.app = app
         self.store = store
         self.settings = settings
         self.lists = lists  # the queue lists of the fast path (None: every call goes through kombu)
+        self.new_id = new_id  # ids of flushed batches: they must belong to this store's shard
 
-    def sweep(self, report: TickReport, deadline: float) -> None:
+    # Each step is one bounded script call and says whether more may be left.
+
+    def sweep_step(self, report: TickReport) -> bool:
         batch = self.settings.release_batch
-        while time.monotonic() < deadline:
-            requeued, dead = self.store.sweep(batch, self.settings.max_deliveries)
-            report.requeued += requeued
-            report.dead += dead
-            if requeued + dead < batch:
-                return
+        requeued, dead = self.store.sweep(batch, self.settings.max_deliveries)
+        report.requeued += requeued
+        report.dead += dead
+        return requeued + dead >= batch
 
-    def release(self, report: TickReport, deadline: float) -> None:
+    def release_step(self, report: TickReport) -> bool:
         batch = self.settings.release_batch
         claim_ms = round(self.settings.claim_timeout * 1000)
-        queue_ms = round(self.settings.queue_timeout * 1000)
-        while time.monotonic() < deadline:
-            if self.lists is not None:
-                claimed, examined, pushed = self.store.release(batch, claim_ms, queue_ms, self.lists)
-                report.released += pushed
-            else:
-                (claimed, examined), pushed = self.store.claim_batch(batch, claim_ms), 0
-            report.dead += examined - pushed - len(claimed)  # due ids without payload, buried by the script
-            if claimed:
-                report.released += self._publish_batch(claimed, report)
-            if examined < batch:
-                return
+        if self.lists is not None:
+            queue_ms = round(self.settings.queue_timeout * 1000)
+            claimed, examined, pushed = self.store.release(batch, claim_ms, queue_ms, self.lists)
+            report.released += pushed
+        else:
+            (claimed, examined), pushed = self.store.claim_batch(batch, claim_ms), 0
+        report.dead += examined - pushed - len(claimed)  # due ids without payload, buried by the script
+        if claimed:
+            report.released += self._publish_batch(claimed, report)
+        return examined >= batch
+
+    def flush_step(self, report: TickReport) -> bool:
+        """Turn batch groups whose first item has waited their max wait into calls, due now."""
+        batch = self.settings.release_batch
+        groups = self.store.due_groups(batch)
+        for group in groups:
+            size, meta = self._group_limits(group)
+            if self.store.batch_flush(group, size, self.new_id(), meta):
+                report.batches += 1
+        return len(groups) >= batch
+
+    def sweep(self, report: TickReport, deadline: float) -> None:
+        while time.monotonic() < deadline and self.sweep_step(report):
+            pass
+
+    def release(self, report: TickReport, deadline: float) -> None:
+        while time.monotonic() < deadline and self.release_step(report):
+            pass
+
+    def flush_batches(self, report: TickReport, deadline: float) -> None:
+        while time.monotonic() < deadline and self.flush_step(report):
+            pass
 
     def _publish_batch(self, claimed: list[Claimed], report: TickReport) -> int:
         published: list[str] = []
@@ -157,18 +186,6 @@ class Releaser:
                 self.store.confirm(published, round(self.settings.queue_timeout * 1000))
         return len(published)
 
-    def flush_batches(self, report: TickReport, deadline: float) -> None:
-        """Turn batch groups whose first item has waited their max wait into calls, due now."""
-        batch = self.settings.release_batch
-        while time.monotonic() < deadline:
-            groups = self.store.due_groups(batch)
-            for group in groups:
-                size, meta = self._group_limits(group)
-                if self.store.batch_flush(group, size, uuid(), meta):
-                    report.batches += 1
-            if len(groups) < batch:
-                return
-
     def _group_limits(self, group: str) -> tuple[int, dict[str, Any]]:
         """The size and call limits of a group's task; defaults when this app does not know the task
         (the flushed call is then dead-lettered at release, saying so, with its items kept)."""
@@ -185,9 +202,34 @@ class Releaser:
 
     def tick(self, budget: float = TICK_BUDGET_SECONDS) -> TickReport:
         """Sweep, flush due batch groups, then release, within ``budget`` seconds."""
-        report = TickReport()
-        deadline = time.monotonic() + budget
-        self.sweep(report, deadline)
-        self.flush_batches(report, deadline)
-        self.release(report, deadline)
-        return report
+        return tick_all([self], budget)
+
+
+def tick_all(releasers: Sequence[Releaser], budget: float = TICK_BUDGET_SECONDS) -> TickReport:
+    """Sweep, flush due batch groups, then release, over every shard in turns, within ``budget`` seconds.
+
+    A shard that fails (its Redis node is down) is left out of the rest of the tick; the others carry
+    on, and the first error is raised at the end, so the tick still shows as failed.
+    """
+    report = TickReport()
+    deadline = time.monotonic() + budget
+    failed: list[Exception] = []
+    pending = list(releasers)
+    for step in (Releaser.sweep_step, Releaser.flush_step, Releaser.release_step):
+        active = list(pending)
+        while active and time.monotonic() < deadline:
+            still = []
+            for releaser in active:
+                try:
+                    if step(releaser, report):
+                        still.append(releaser)
+                except Exception as exc:  # raised below, after the other shards had their turn
+                    if len(releasers) == 1:
+                        raise
+                    logger.error("redisdelay: shard %s failed: %r", releaser.store.keys.tag, exc)
+                    failed.append(exc)
+                    pending.remove(releaser)
+            active = still
+    if failed:
+        raise failed[0]
+    return report

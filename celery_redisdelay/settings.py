@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+#: Store URLs beyond redis-py's own: a Redis Cluster (any node), and masters found through Sentinel.
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+SENTINEL_SCHEMES = ("redis+sentinel://", "rediss+sentinel://")
+STORE_SCHEMES = REDIS_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES
 
 #: Every setting with its default. ``None`` defaults are derived (see :meth:`Settings.from_conf`).
 DEFAULTS: dict[str, Any] = {
@@ -24,6 +28,9 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_fast_release": None,
     "redisdelay_precise_release": False,
     "redisdelay_max_payload_bytes": 1024 * 1024,
+    "redisdelay_shards": 1,
+    "redisdelay_cluster": False,
+    "redisdelay_connection_options": None,
 }
 
 
@@ -54,13 +61,33 @@ class Settings:
     fast_release: bool | None = None
     precise_release: bool = False
     max_payload_bytes: int = 1024 * 1024
+    shards: int = 1
+    cluster: bool = False
+    #: Keyword arguments for redis-py's client (``ssl_ca_certs``, ``username``, ``socket_timeout``...).
+    connection_options: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
         """Read and check the settings; raise :class:`ConfigurationError` naming the bad one."""
-        url = conf.get("redisdelay_url") or _redis_broker_url(conf)
-        if not isinstance(url, str) or not url.startswith(REDIS_SCHEMES):
-            raise ConfigurationError(f"redisdelay_url must be a redis://, rediss:// or unix:// URL, not {url!r}")
+        explicit = conf.get("redisdelay_url")
+        url = explicit or _redis_broker_url(conf)
+        if not isinstance(url, str) or not url.startswith(STORE_SCHEMES):
+            raise ConfigurationError(
+                "redisdelay_url must be a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL, "
+                f"not {url!r}"
+            )
+        options = conf.get("redisdelay_connection_options")
+        if options is None:
+            # The store shares the broker's Redis: it shares its TLS options too.
+            ssl = conf.get("broker_use_ssl")
+            options = dict(ssl) if not explicit and isinstance(ssl, Mapping) else {}
+        if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
+            raise ConfigurationError(
+                f"redisdelay_connection_options must be a dict of redis-py client options, not {options!r}"
+            )
+        cluster = conf.get("redisdelay_cluster") or False
+        if not isinstance(cluster, bool):
+            raise ConfigurationError(f"redisdelay_cluster must be True or False, not {cluster!r}")
         prefix = conf.get("redisdelay_key_prefix") or DEFAULTS["redisdelay_key_prefix"]
         if not isinstance(prefix, str):
             raise ConfigurationError(f"redisdelay_key_prefix must be a string, not {prefix!r}")
@@ -68,8 +95,8 @@ class Settings:
         if queue_timeout is None:
             # Outlast the broker's own visibility timeout: kombu restores messages a dead worker had
             # prefetched after that long, and sweeping them earlier would deliver them twice.
-            options = conf.get("broker_transport_options") or {}
-            queue_timeout = 2 * max(float(options.get("visibility_timeout", 3600)), 3600.0)
+            transport = conf.get("broker_transport_options") or {}
+            queue_timeout = 2 * max(float(transport.get("visibility_timeout", 3600)), 3600.0)
         return cls(
             url=url,
             key_prefix=prefix,
@@ -84,6 +111,9 @@ class Settings:
             fast_release=_optional_bool(conf, "redisdelay_fast_release"),
             precise_release=bool(_optional_bool(conf, "redisdelay_precise_release")),
             max_payload_bytes=int(positive_setting(conf, "redisdelay_max_payload_bytes", integer=True)),
+            shards=int(positive_setting(conf, "redisdelay_shards", integer=True)),
+            cluster=cluster or url.startswith(CLUSTER_SCHEMES),
+            connection_options=dict(options),
         )
 
 
@@ -98,7 +128,26 @@ def _redis_broker_url(conf: Mapping[str, Any]) -> str:
     broker = conf.get("broker_write_url") or conf.get("broker_url")
     if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES):
         return broker.split(";")[0]
+    if isinstance(broker, str) and broker.startswith("sentinel://"):
+        return _sentinel_url(broker, conf.get("broker_transport_options") or {})
     raise ConfigurationError(
         f"redisdelay_url is not set and the broker URL {broker!r} is not a Redis URL; "
         "set app.conf.redisdelay_url = 'redis://host:6379/0'"
     )
+
+
+def _sentinel_url(broker: str, options: Mapping[str, Any]) -> str:
+    """The store URL of kombu's ``sentinel://h1:26379;sentinel://h2:26379/0`` broker with its ``master_name``."""
+    master = options.get("master_name")
+    if not isinstance(master, str) or not master:
+        raise ConfigurationError(
+            "the broker is sentinel:// but broker_transport_options has no master_name; set it, or set "
+            "redisdelay_url = 'redis+sentinel://host:26379/master-name/0'"
+        )
+    hosts, database = [], "0"
+    for part in broker.split(";"):
+        location = part.strip().removeprefix("sentinel://")
+        location, _, path = location.partition("/")
+        hosts.append(location)
+        database = path.strip("/") or database
+    return f"redis+sentinel://{','.join(hosts)}/{master}/{database}"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.cluster import RedisCluster
 
 from .errors import StoreUnavailableError
 from .keys import Keyspace
@@ -59,6 +60,16 @@ def redis_errors(action: str) -> Iterator[None]:
         raise StoreUnavailableError(f"celery-redisdelay could not {action}: Redis is unreachable ({exc})") from exc
     except redis.RedisError as exc:
         raise StoreUnavailableError(f"celery-redisdelay could not {action}: Redis refused it ({exc})") from exc
+
+
+def server_ms(client: Any, key: str) -> int:
+    """The clock of the server holding ``key``, in ms: the clock the scripts use for that key's shard."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        seconds, micros = client.time(target_nodes=node)
+    else:
+        seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def text(value: bytes | str) -> str:
@@ -214,10 +225,8 @@ class CallStore:
     def due_groups(self, limit: int) -> list[str]:
         """Batch groups whose first item has waited their max wait, by the Redis clock."""
         with redis_errors("list due batch groups"):
-            seconds, micros = self.client.time()
-            groups: Any = self.client.zrangebyscore(
-                self.keys.batches, "-inf", seconds * 1000 + micros // 1000, start=0, num=limit
-            )
+            now_ms = server_ms(self.client, self.keys.batches)
+            groups: Any = self.client.zrangebyscore(self.keys.batches, "-inf", now_ms, start=0, num=limit)
         return [text(group) for group in groups]
 
     def batch_flush(self, group: str, size: int, call_id: str, meta: dict[str, Any]) -> int:
@@ -275,9 +284,8 @@ class CallStore:
             pipe.zcard(self.keys.dead)
             pipe.zcard(self.keys.batches)
             pipe.hget(self.keys.counters, "batch_items")
-            pipe.time()
-            delayed, inflight, dead, groups, items, (seconds, micros) = pipe.execute()
-            now_ms = seconds * 1000 + micros // 1000
+            delayed, inflight, dead, groups, items = pipe.execute()
+            now_ms = server_ms(self.client, self.keys.delayed)
             overdue = self.client.zcount(self.keys.delayed, "-inf", now_ms)
             expired = self.client.zcount(self.keys.inflight, "-inf", now_ms)
         return {
@@ -315,6 +323,15 @@ class CallStore:
             Entry(call_id, state, score, _decode_meta(meta), None)
             for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
         ]
+
+
+def merged_pages(stores: Sequence[CallStore], state: str, limit: int, offset: int = 0) -> list[Entry]:
+    """A page of calls in one state over several shards, by score: reads at most ``offset + limit`` per shard."""
+    if len(stores) == 1:
+        return stores[0].entries(state, limit, offset)
+    merged = [entry for store in stores for entry in store.entries(state, offset + limit, 0)]
+    merged.sort(key=lambda entry: (entry.score_ms, entry.id))
+    return merged[offset : offset + limit]
 
 
 def due_args(countdown_ms: int | None, due_ms: int | None) -> tuple[str, int]:

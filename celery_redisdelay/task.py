@@ -124,8 +124,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         limits = self._limits({name: options.pop(name, None) for name in CALL_OPTIONS})
         mode, key = self._key_option({name: options.pop(name, None) for name in KEY_OPTIONS})
         app = self._get_app()
-        if self.lock is not None:
-            self.lock_name(args or (), kwargs or {})  # a template the arguments cannot fill fails here
+        # A template the arguments cannot fill fails here.
+        lock_name = self.lock_name(args or (), kwargs or {}) if self.lock is not None else None
         if app.conf.task_always_eager:
             # Eager mode runs the call at once, as Celery does for any task.
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
@@ -151,25 +151,37 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                     raise
                 return parking.outcome
 
-        store = self.redisdelay.store
+        # A keyed call lives beside its key, a locked call beside its lock: both are one script then.
+        shards = self.redisdelay.shards
+        beside = key or lock_name
+        store = shards.for_name(beside) if beside is not None else None
+
+        def fresh() -> str:
+            return shards.new_id(store)
+
+        if mode and task_id is not None and shards.home(task_id) is not shards.for_name(key):
+            raise ScheduleError(
+                f"task_id {task_id!r} cannot be given with {mode}_key when redisdelay_shards > 1: the call must be "
+                "stored on its key's shard, so celery-redisdelay chooses its id; nothing was stored"
+            )
         if mode == "unique":
-            holder = store.holder(key)
+            holder = shards.for_name(key).holder(key)
             if holder is None:
-                holder = send(task_id or uuid())[1]
+                holder = send(task_id or fresh())[1]
             return self.AsyncResult(holder)
         if mode == "debounce":
             # The replacing call takes the id of the call it replaces, so its message is built with it.
-            candidate = store.holder(key) or task_id or uuid()
+            candidate = shards.for_name(key).holder(key) or task_id or fresh()
             for _ in range(DEBOUNCE_ATTEMPTS):
                 status, holder = send(candidate)
                 if status != CONFLICT:
                     return self.AsyncResult(holder)
-                candidate = holder or uuid()
+                candidate = holder or fresh()
             raise RedisDelayError(
                 f"could not park {self.name} under debounce key {key!r}: other producers kept changing it "
                 f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
             )
-        return self.AsyncResult(send(task_id or uuid())[1])
+        return self.AsyncResult(send(task_id or fresh())[1])
 
     def park_many(self, calls: Iterable[Sequence[Any]], kwargs: Any = None, **options: Any) -> list[AsyncResult]:
         """Park one call per item of ``calls`` (each an args tuple, as for ``starmap``), all with the same
@@ -240,7 +252,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         token = uuid()
         retry_ms = lock_ms(self.lock_retry, "lock_retry")
         try:
-            status, _ = rd.store.lock_take(name, token, ttl, request.id, retry_ms)
+            store = rd.shards.for_name(name)
+            status, _ = store.lock_take(name, token, ttl, request.id, retry_ms)
         except StoreUnavailableError as exc:
             raise Abandon(f"cannot take lock {name}: {exc}") from exc  # the sweep delivers it again
         if status == 0:
@@ -252,7 +265,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             return super().__call__(*args, **kwargs)
         finally:
             try:
-                released = rd.store.lock_release(name, token)
+                released = store.lock_release(name, token)
             except StoreUnavailableError as exc:
                 logger.warning("redisdelay: could not release lock %s (it expires by itself): %s", name, exc)
             else:
@@ -276,4 +289,5 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         """
         if timeout is None:
             timeout = self.visibility_timeout or self.redisdelay.settings.visibility_timeout
-        return self.redisdelay.store.touch(self.request.id, round(seconds(timeout, "timeout") * 1000))
+        call_id, timeout_ms = self.request.id, round(seconds(timeout, "timeout") * 1000)
+        return self.redisdelay.shards.first(call_id, lambda store: store.touch(call_id, timeout_ms))

@@ -48,7 +48,8 @@ def connect(rd: RedisDelay) -> None:
         if task_id is None or not owns(sender):
             return
         try:
-            rd.store.start(task_id, round(rd.settings.visibility_timeout * 1000))
+            timeout_ms = round(rd.settings.visibility_timeout * 1000)
+            rd.shards.first(task_id, lambda store: store.start(task_id, timeout_ms))
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not mark call %s started: %s", task_id, exc)
 
@@ -59,7 +60,7 @@ def connect(rd: RedisDelay) -> None:
             return
         for attempt in range(1, ACK_ATTEMPTS + 1):
             try:
-                rd.store.ack(task_id)
+                rd.shards.first(task_id, lambda store: store.ack(task_id))
                 return
             except RedisDelayError as exc:
                 if attempt == ACK_ATTEMPTS:
@@ -74,7 +75,7 @@ def connect(rd: RedisDelay) -> None:
             return
         reason = f"task {name!r} is not registered on the worker that received it; deploy it, then requeue"
         try:
-            if rd.store.bury(id, reason, only_inflight=True):
+            if rd.shards.first(id, lambda store: store.bury(id, reason, only_inflight=True)):
                 logger.error("redisdelay: dead-lettered call %s: %s", id, reason)
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not dead-letter call %s of unknown task %r: %s", id, name, exc)

@@ -8,6 +8,7 @@ the deadline. Unlike the seed, the report also counts duplicates.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -27,6 +28,7 @@ VALIDATE_TASK = "redisdelay.validate"
 #: Deliveries allowed to one validation message before it is dead-lettered; with fail-every-other a
 #: message fails k times in a row with probability 2**-k, so this is never reached by chance.
 CONSUMER_MAX_DELIVERIES = 64
+logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.05
 
 
@@ -108,10 +110,17 @@ def run_validation(
     give_up = started + deadline
     timed_out = True
     while time.monotonic() < give_up:
-        done = rd.client.hlen(processed_key)
+        try:
+            done = rd.client.hlen(processed_key)
+            finished = done >= count and not _pending(rd, ids)
+        except redis.RedisError as exc:
+            # Redis restarting or failing over: the run goes on without us; look again.
+            logger.warning("validation run %s: cannot read its progress (%s); retrying", run_id, exc)
+            time.sleep(POLL_SECONDS)
+            continue
         if progress is not None:
             progress(done, count)
-        if done >= count and not _pending(rd, ids):
+        if finished:
             timed_out = False
             break
         time.sleep(POLL_SECONDS)
@@ -119,7 +128,12 @@ def run_validation(
     raw = rd.client.hgetall(processed_key)
     times = {int(number): int(n) for number, n in raw.items()}
     counters = {text(key): int(value) for key, value in rd.client.hgetall(counters_key).items()}
-    dead = sum(score is not None for score in rd.client.zmscore(rd.keys.dead, ids))
+    dead = sum(
+        score is not None
+        for store in rd.shards.all()
+        for start in range(0, len(ids), 1000)
+        for score in rd.client.zmscore(store.keys.dead, ids[start : start + 1000])
+    )
     rd.client.delete(processed_key, counters_key)
     return ValidationReport(
         run_id=run_id,
@@ -137,11 +151,12 @@ def run_validation(
 
 def _pending(rd: RedisDelay, ids: list[str], chunk: int = 1000) -> bool:
     """Whether any of the run's calls is still delayed or in flight."""
-    for start in range(0, len(ids), chunk):
-        part = ids[start : start + chunk]
-        pipe = rd.client.pipeline(transaction=False)
-        pipe.zmscore(rd.keys.delayed, part)
-        pipe.zmscore(rd.keys.inflight, part)
-        if any(score is not None for scores in pipe.execute() for score in scores):
-            return True
+    for store in rd.shards.all():
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            pipe = rd.client.pipeline(transaction=False)
+            pipe.zmscore(store.keys.delayed, part)
+            pipe.zmscore(store.keys.inflight, part)
+            if any(score is not None for scores in pipe.execute() for score in scores):
+                return True
     return False

@@ -106,6 +106,17 @@ def test_queue_timeout_outlasts_the_broker_visibility_timeout(
     assert settings.queue_timeout == 2 * max(visibility_timeout or 3600, 3600)
 
 
+def test_connection_options_come_from_broker_use_ssl_only() -> None:
+    transport = {"visibility_timeout": 100, "master_name": "mymaster"}
+    assert Settings.from_conf({"broker_url": BROKER, "broker_transport_options": transport}).connection_options == {}
+    tls = {"ssl_cert_reqs": "required", "ssl_ca_certs": "/ca.pem"}
+    assert Settings.from_conf({"broker_url": BROKER, "broker_use_ssl": tls}).connection_options == tls
+    explicit = {"broker_url": BROKER, "broker_use_ssl": tls, "redisdelay_url": "redis://other:6379/0"}
+    assert Settings.from_conf(explicit).connection_options == {}, "another Redis does not get the broker's TLS"
+    mine = {**explicit, "redisdelay_connection_options": {"socket_timeout": 3}}
+    assert Settings.from_conf(mine).connection_options == {"socket_timeout": 3}
+
+
 def test_explicit_queue_timeout_wins() -> None:
     conf = {
         "broker_url": BROKER,
@@ -128,6 +139,9 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_fast_release",
         "redisdelay_precise_release",
         "redisdelay_max_payload_bytes",
+        "redisdelay_shards",
+        "redisdelay_cluster",
+        "redisdelay_connection_options",
     }
 
 

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from celery_redisdelay import DelayedTask, RedisDelay, bulk
+from celery_redisdelay import DelayedTask, RedisDelay
 from celery_redisdelay.batch import BatchedTask
 from celery_redisdelay.keys import group_id
 from celery_redisdelay.store import CONFLICT, KEPT, STORED, Claimed
@@ -358,7 +358,7 @@ class StoreMachine(RuleBasedStateMachine):
         echo = self.env.echo
         calls = [(self.counter + n,) for n in range(count)]
         # Ids in the order they are minted (not random): ties between equal due times sort by id.
-        with mock.patch.object(bulk, "uuid", side_effect=lambda: self.fresh("many")):
+        with mock.patch.object(echo.redisdelay.shards, "new_id", side_effect=lambda store=None: self.fresh("many")):
             results = echo.park_many(
                 calls,
                 countdown=countdown / 1000,
