@@ -26,6 +26,8 @@ STORE_SCRIPTS = (
     "bury",
     "cancel",
     "requeue",
+    "requeue_dead",
+    "purge_dead",
     "reschedule",
     "batch_add",
     "batch_flush",

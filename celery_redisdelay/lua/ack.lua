@@ -8,5 +8,6 @@ if done == 0 and load_meta(id).s == 'swept' then
 end
 if done == 1 then
     forget(id)
+    redis.call('HINCRBY', COUNTERS, 'acked', 1)
 end
 return done

@@ -5,10 +5,12 @@
 -- script looked at, then the claimed calls. A due id without an envelope is dead-lettered here and
 -- not returned, so fewer calls than examined ids does not mean the backlog is empty.
 local now = now_ms()
-local ids = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local rows = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
 local deadline = now + tonumber(ARGV[2])
-local out = {#ids}
-for _, id in ipairs(ids) do
+local out = {#rows / 2}
+local taken = {}
+for i = 1, #rows, 2 do
+    local id = rows[i]
     local meta = load_meta(id)
     local envelope = redis.call('HGET', PAYLOADS, id)
     if not envelope then
@@ -23,6 +25,8 @@ for _, id in ipairs(ids) do
         out[#out + 1] = id
         out[#out + 1] = envelope
         out[#out + 1] = meta.d
+        taken[(i + 1) / 2] = true
     end
 end
+count_releases(rows, taken, now)
 return out

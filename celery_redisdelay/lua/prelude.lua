@@ -1,6 +1,6 @@
 -- prelude.lua: helpers prepended to every script of the call store.
 --
--- Every script of the store receives the same eight keys first, all sharing one hash tag:
+-- Every script of the store receives the same nine keys first, all sharing one hash tag:
 --   KEYS[1] delayed   zset  id -> due time (ms since the epoch, server clock)
 --   KEYS[2] inflight  zset  id -> deadline (ms)
 --   KEYS[3] dead      zset  id -> time it was dead-lettered (ms)
@@ -12,7 +12,9 @@
 --       l the queue list a stored broker message goes to (the fast release path, see release.lua)
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
---   KEYS[8] counters  hash  batch_items (items waiting in all groups), lock_deferrals
+--   KEYS[8] counters  hash  batch_items (items waiting in all groups), and running totals for metrics:
+--       released, late_ms_sum, late_le_<ms> (release lateness, see count_releases), swept, dead_lettered,
+--       acked, batches_flushed, lock_deferrals
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
@@ -79,6 +81,7 @@ end
 
 -- Move a call to the dead-letter set, keeping its payload for inspection and requeue.
 local function bury(id, meta, why, now)
+    redis.call('HINCRBY', COUNTERS, 'dead_lettered', 1)
     free_key(id, meta)
     redis.call('ZREM', DELAYED, id)
     redis.call('ZREM', INFLIGHT, id)
@@ -86,6 +89,17 @@ local function bury(id, meta, why, now)
     meta.why = why
     save_meta(id, meta)
     redis.call('ZADD', DEAD, now, id)
+end
+
+-- Give a dead-lettered call a fresh start, due at ``now`` (its payload is there: the caller checked).
+local function revive(id, now)
+    local meta = load_meta(id)
+    meta.d = 0
+    meta.s = 'delayed'
+    meta.why = nil
+    save_meta(id, meta)
+    redis.call('ZREM', DEAD, id)
+    redis.call('ZADD', DELAYED, now, id)
 end
 
 local function forget(id)
@@ -134,6 +148,7 @@ local function flush_group(items_key, group, size, id, meta_json, now)
         local payload = '{"redisdelay":"batch","group":' .. group .. ',"items":[' .. table.concat(items, ',') .. ']}'
         store(id, payload, meta_json, now)
         redis.call('HINCRBY', COUNTERS, 'batch_items', -#items)
+        redis.call('HINCRBY', COUNTERS, 'batches_flushed', 1)
     end
     if redis.call('LLEN', items_key) == 0 then
         redis.call('ZREM', BATCHES, group)
@@ -141,4 +156,34 @@ local function flush_group(items_key, group, size, id, meta_json, now)
         redis.call('ZADD', BATCHES, now, group)  -- more than one batch was waiting: flush the rest next
     end
     return #items
+end
+
+-- Release lateness for metrics: how long after its due time each call left the delay set, counted
+-- per bucket (upper bounds in ms; the last bucket is unbounded), with the total. ``rows`` is a
+-- ZRANGEBYSCORE ... WITHSCORES reply; ``taken[i]`` says whether the i-th call was released.
+local LATENESS_BOUNDS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000}
+local function count_releases(rows, taken, now)
+    local buckets, total, sum = {}, 0, 0
+    for i = 2, #rows, 2 do
+        if taken[i / 2] then
+            local late = math.max(now - tonumber(rows[i]), 0)
+            local bucket = 'inf'
+            for _, bound in ipairs(LATENESS_BOUNDS) do
+                if late <= bound then
+                    bucket = bound
+                    break
+                end
+            end
+            buckets[bucket] = (buckets[bucket] or 0) + 1
+            total = total + 1
+            sum = sum + late
+        end
+    end
+    if total > 0 then
+        redis.call('HINCRBY', COUNTERS, 'released', total)
+        redis.call('HINCRBY', COUNTERS, 'late_ms_sum', sum)
+        for bucket, n in pairs(buckets) do
+            redis.call('HINCRBY', COUNTERS, 'late_le_' .. bucket, n)
+        end
+    end
 end

@@ -36,7 +36,11 @@ local function bulk(command, key, args)
 end
 
 local now = now_ms()
-local ids = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local rows = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+local ids = {}
+for i = 1, #rows, 2 do
+    ids[#ids + 1] = rows[i]
+end
 local out = {#ids, 0}
 if #ids == 0 then
     return out
@@ -45,7 +49,7 @@ local claim_deadline = now + tonumber(ARGV[2])
 local default_queue_ms = tonumber(ARGV[3])
 local payloads = redis.call('HMGET', PAYLOADS, unpack(ids))
 local raw_metas = redis.call('HMGET', META, unpack(ids))
-local taken, deadlines, metas, pushes = {}, {}, {}, {}
+local taken, deadlines, metas, pushes, released = {}, {}, {}, {}, {}
 local pushed = 0
 -- The common case, without decoding JSON: the first delivery of a call whose metadata is exactly as
 -- the park wrote it (limits, the list, then ',"d":0,"s":"delayed"}'; no unique key). Returns the list,
@@ -82,6 +86,7 @@ for i, id in ipairs(ids) do
     local message = fresh_key and message_for(id, payload, 1)
     if message then
         taken[#taken + 1] = id
+        released[i] = true
         push(fresh_key, message)
         deadlines[#deadlines + 1] = now + queue_ms
         deadlines[#deadlines + 1] = id
@@ -95,6 +100,7 @@ for i, id in ipairs(ids) do
             meta = {}  -- corrupt metadata must not stop the release
         end
         taken[#taken + 1] = id
+        released[i] = true
         free_key(id, meta)
         meta.d = (tonumber(meta.d) or 0) + 1
         local key = meta.l
@@ -127,5 +133,6 @@ if #taken > 0 then
         bulk('LPUSH', key, messages)
     end
 end
+count_releases(rows, released, now)
 out[2] = pushed
 return out

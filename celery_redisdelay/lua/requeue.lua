@@ -8,11 +8,7 @@ end
 if redis.call('HEXISTS', PAYLOADS, id) == 0 then
     return -1
 end
-local meta = load_meta(id)
-meta.d = 0
-meta.s = 'delayed'
-meta.why = nil
-save_meta(id, meta)
-redis.call('ZREM', DEAD, id)
-redis.call('ZADD', DELAYED, now_ms(), id)
+local now = now_ms()
+mark_if_earliest(now, id)
+revive(id, now)
 return 1

@@ -23,4 +23,7 @@ for _, id in ipairs(ids) do
         requeued = requeued + 1
     end
 end
+if requeued > 0 then
+    redis.call('HINCRBY', COUNTERS, 'swept', requeued)
+end
 return {requeued, buried}
