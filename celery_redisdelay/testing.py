@@ -202,10 +202,13 @@ class CeleryProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "celery", "-A", self.app, *self.command]
+
     def start(self) -> CeleryProcess:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", self.app, *self.command],
+            self.argv(),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=self.env,

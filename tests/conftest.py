@@ -17,6 +17,7 @@ from celery import Celery
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, wait_for, worker
+from celery_redisdelay.topologies import LocalCluster, TopologyUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +28,17 @@ def redis_server() -> Iterator[RedisServer]:
     print(f"redis-server {server.version()} ({server.binary}) on port {server.port}")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[LocalCluster]:
+    """A 3-master Redis Cluster on loopback (cluster bus on explicit ports); skips on Redis < 7.0."""
+    try:
+        nodes = LocalCluster(masters=3).start()
+    except TopologyUnavailable as exc:
+        pytest.skip(str(exc))
+    yield nodes
+    nodes.stop()
 
 
 @pytest.fixture

@@ -1,0 +1,169 @@
+"""The store behind Sentinel (one master, one replica, one sentinel on loopback), including a failover.
+
+The end-to-end test kills the master in the middle of a validation run, with the broker on the same
+Sentinel-managed Redis (kombu's ``sentinel://`` transport), and the store found from the broker URL.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from celery_redisdelay import RedisDelay
+from celery_redisdelay.settings import Settings
+from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, kill_group, wait_for, worker
+from celery_redisdelay.topologies import LocalSentinel, TopologyUnavailable
+from celery_redisdelay.validation import ValidationReport, run_validation
+from tests import topology_proj
+from tests.conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def sentinel() -> Iterator[LocalSentinel]:
+    try:
+        group = LocalSentinel().start()
+    except TopologyUnavailable as exc:
+        pytest.skip(str(exc))
+    yield group
+    group.stop()
+
+
+def echo_on(rd: RedisDelay) -> Any:
+    @rd.delayed(name=f"tests.sentinel.echo.{uuid.uuid4().hex[:6]}")
+    def echo(n: int) -> int:
+        return n
+
+    return echo
+
+
+def test_the_store_url_comes_from_a_sentinel_broker() -> None:
+    settings = Settings.from_conf(
+        {
+            "broker_url": "sentinel://:secret@10.0.0.1:26379;sentinel://10.0.0.2:26380/3",
+            "broker_transport_options": {"master_name": "mymaster"},
+        }
+    )
+    assert settings.url == "redis+sentinel://:secret@10.0.0.1:26379,10.0.0.2:26380/mymaster/3"
+
+
+def test_a_sentinel_broker_without_master_name_is_refused() -> None:
+    from celery_redisdelay import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="master_name"):
+        Settings.from_conf({"broker_url": "sentinel://10.0.0.1:26379"})
+
+
+def test_the_store_follows_a_failover(sentinel: LocalSentinel, redis_server: RedisServer) -> None:
+    app, rd = topology_proj.make_app(
+        {
+            "broker_url": f"{redis_server.url}/0",
+            "redisdelay_url": sentinel.sentinel_url,
+            "redisdelay_key_prefix": f"st-{uuid.uuid4().hex[:6]}",
+            "task_default_queue": f"st-queue-{uuid.uuid4().hex[:6]}",
+        },
+        name="sentinel-store",
+    )
+    try:
+        echo = echo_on(rd)
+        before = [echo.apply_async((n,), countdown=0).id for n in range(50)]
+        old = sentinel.master_port()
+        rd.client.wait(1, 5000)  # replicated before the switch: a planned failover loses nothing
+        new = sentinel.failover()
+        assert new != old
+        after = wait_for(lambda: _park_or_none(echo), 30, "a park on the new master")
+        rest = [echo.apply_async((n,), countdown=0).id for n in range(49)]
+        assert rd.tick()["released"] == 100
+        assert rd.stats()["inflight"] == 100
+        assert all(rd.find(i) is not None for i in [*before, after, *rest])
+    finally:
+        app.close()
+
+
+def _park_or_none(echo: Any) -> str | None:
+    try:
+        return str(echo.apply_async((0,), countdown=0).id)
+    except Exception:  # noqa: BLE001 - the old connection's error, until the client finds the new master
+        return None
+
+
+@pytest.mark.e2e
+def test_validation_loses_nothing_when_the_master_dies_mid_run(sentinel: LocalSentinel) -> None:
+    conf = {
+        "broker_url": sentinel.kombu_broker_url,
+        "broker_transport_options": sentinel.kombu_transport_options,
+        "redisdelay_key_prefix": f"sv-{uuid.uuid4().hex[:6]}",
+        "task_default_queue": f"sv-queue-{uuid.uuid4().hex[:6]}",
+    }
+    env = {topology_proj.ENV: json.dumps(conf), "PYTHONPATH": str(ROOT)}
+    app, rd = topology_proj.make_app(conf, name="sentinel-validation")
+    assert rd.settings.url.startswith("redis+sentinel://")
+    processes = {
+        "worker": worker("tests.topology_proj", concurrency=2, env=env, cwd=str(ROOT)),
+        "beat": beat("tests.topology_proj", env=env, cwd=str(ROOT)),
+    }
+    for process in processes.values():
+        process.start()
+    reports: list[ValidationReport] = []
+    halfway = threading.Event()
+
+    def progress(done: int, total: int) -> None:
+        if done >= total // 3:
+            halfway.set()
+
+    def validate() -> None:
+        reports.append(run_validation(rd, 600, fail_every=2, timeout=2, deadline=240, progress=progress))
+
+    runner = threading.Thread(target=validate, daemon=True)
+    restarts = 0
+    killed: RedisServer | None = None
+    try:
+        wait_for(lambda: "ready." in processes["worker"].output(), 60, "the worker to be ready")
+        runner.start()
+        assert halfway.wait(120), "the run did not get a third of the way"
+        old = sentinel.master_port()
+        killed = next(server for server in sentinel.servers if server.port == old)
+        assert killed.process is not None
+        kill_group(killed.process)  # a crash: no time to hand over
+        wait_for(lambda: _promoted_away_from(sentinel, old), 60, "the sentinel to promote the replica")
+        deadline = time.monotonic() + 240
+        while runner.is_alive() and time.monotonic() < deadline:
+            # A supervisor's job: the failover can make a worker exit (see the README's Limits).
+            restarts += _restart_exited(processes)
+            runner.join(0.5)
+        logs = "\n".join(p.output()[-3000:] for p in processes.values())
+        assert reports, f"the validation did not finish\n{logs}"
+        [report] = reports
+        assert report.ok and not report.timed_out, f"{report}\n{logs}"
+        assert report.processed == 600 and report.failures >= 300
+        print(f"failover mid-run: {report.as_dict()}, processes restarted: {restarts}")
+    finally:
+        for process in processes.values():
+            process.stop()
+            process.remove_files()
+        app.close()
+        if killed is not None:
+            killed.start()  # back as a replica of the new master, for the module's other tests
+
+
+def _promoted_away_from(sentinel: LocalSentinel, old: int) -> bool:
+    try:
+        return sentinel.master_port() != old
+    except (redis.RedisError, LookupError):
+        return False
+
+
+def _restart_exited(processes: dict[str, CeleryProcess]) -> int:
+    restarted = 0
+    for process in processes.values():
+        if process.process is not None and process.process.poll() is not None:
+            process.stop()
+            process.start()
+            restarted += 1
+    return restarted
