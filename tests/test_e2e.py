@@ -165,7 +165,7 @@ def test_cli_stats_and_cancel(proj: Any, cluster: Cluster) -> None:
     stats = json.loads(celery("stats", "--json").stdout)
     assert stats["delayed"] >= 1
     listed = celery("list", "--state", "delayed", "--limit", "10000", "--json")
-    assert parked.id in {row["id"] for row in json.loads(listed.stdout)}
+    assert parked.id in {row["id"] for row in json.loads(listed.stdout)["calls"]}
     assert celery("cancel", parked.id).returncode == 0
     again = celery("cancel", parked.id)
     assert again.returncode != 0
