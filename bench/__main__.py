@@ -51,6 +51,14 @@ lateness
 redis_memory_per_call
     Redis ``used_memory`` growth / N for N = 5,000 [500] calls parked with ``apply_async``, against N
     plain Celery messages waiting in a broker queue. Reported, no target.
+release_cluster
+    Calls/s released from a call store on a local Redis Cluster (``LocalCluster``) to the standalone
+    broker (kombu's publish path): 3 shards on 3 masters with 3 releaser processes (``python -m
+    bench.cluster_releaser``, each ticking over all shards) against 1 shard on a 1-master cluster with 1
+    releaser; 60,000 [6,000] due calls each, parked with ``park_many(countdown=0)``; the releasers are
+    warmed up, then started by a signal; timed until the broker queue holds every call. Reports the
+    calls each master held and ``os.cpu_count()``. Target: ratio >= 2.5 where the machine's cores allow.
+    Skipped, saying why, when the redis-server cannot run a cluster (Redis < 7).
 """
 
 from __future__ import annotations
@@ -142,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         redis_version = server.version()
         say(f"redis-server {redis_version} ({server.binary}) on {server.url}, pid {server.process.pid}")  # type: ignore[union-attr]
-        ctx = Context(server.url, quick=args.quick, say=say)
+        ctx = Context(server.url, quick=args.quick, say=say, redis_pid=server.pid)
         for name in args.names:
             figures[name] = run_figure(ctx, name)
     finally:

@@ -74,11 +74,24 @@ def server_ms(client: redis.Redis) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-def build(url: str, *, tick_interval: float = 1.0, precise: bool = False, set_as_current: bool = False) -> BenchApp:
-    """A benchmark app on the Redis at ``url`` (no database in the URL)."""
+def build(
+    url: str,
+    *,
+    tick_interval: float = 1.0,
+    precise: bool = False,
+    set_as_current: bool = False,
+    store_url: str | None = None,
+    shards: int = 1,
+) -> BenchApp:
+    """A benchmark app on the Redis at ``url`` (no database in the URL).
+
+    ``store_url`` puts the call store elsewhere (a ``redis+cluster://`` URL, say; the broker stays at
+    ``url``), ``shards`` sets ``redisdelay_shards``.
+    """
     app: Any = Celery("bench", broker=f"{url}/0", set_as_current=set_as_current)
     conf: dict[str, Any] = {
-        "redisdelay_url": f"{url}/0",
+        "redisdelay_url": store_url or f"{url}/0",
+        "redisdelay_shards": shards,
         "redisdelay_key_prefix": KEY_PREFIX,
         "redisdelay_tick_interval": tick_interval,
         "task_default_queue": DEFAULT_QUEUE,

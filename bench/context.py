@@ -27,6 +27,7 @@ class Sizes:
     lateness_spread: float  # seconds their due times are spread over
     lateness_small: int  # parked calls in the background, small run
     lateness_large: int  # parked calls in the background, large run (scaled down to fit memory)
+    release_cluster: int  # due calls released from a Redis Cluster store, baseline and scaled alike
 
 
 NORMAL = Sizes(
@@ -41,6 +42,7 @@ NORMAL = Sizes(
     lateness_spread=3.0,
     lateness_small=1000,
     lateness_large=1_000_000,
+    release_cluster=60_000,
 )
 QUICK = Sizes(
     park_single=500,
@@ -54,14 +56,16 @@ QUICK = Sizes(
     lateness_spread=2.0,
     lateness_small=1000,
     lateness_large=20_000,
+    release_cluster=6000,
 )
 
 
 class Context:
     """One benchmark run on one redis-server."""
 
-    def __init__(self, url: str, *, quick: bool, say: Callable[[str], None]) -> None:
+    def __init__(self, url: str, *, quick: bool, say: Callable[[str], None], redis_pid: int | None = None) -> None:
         self.url = url
+        self.redis_pid = redis_pid  # the redis-server's process, for the CPU time it uses
         self.quick = quick
         self.sizes = QUICK if quick else NORMAL
         self.say = say

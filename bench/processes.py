@@ -28,11 +28,24 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for process {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time one process (not its children) has used so far, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
 def mem_available_bytes() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+class ModuleProcess(CeleryProcess):
+    """``python -m <module> <args>`` in its own session, with its output in a file; stopped like a Celery process."""
+
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", self.app, *self.command]
 
 
 class Processes:
@@ -86,6 +99,10 @@ class Processes:
         self.wait_ready(process)
         self.say(f"  worker {name} ready (pid {process.pid}, pool {pool}, queues {queues})")
         return process
+
+    def module(self, module: str, args: list[str], env: dict[str, str] | None = None) -> CeleryProcess:
+        """``python -m module args`` with the bench environment (plus ``env``); not waited for."""
+        return self._track(ModuleProcess(module, args, {**self.env(), **(env or {})}, str(ROOT)))
 
     def wait_ready(self, process: CeleryProcess, marker: str = "ready.") -> None:
         def ready() -> bool:

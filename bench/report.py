@@ -9,13 +9,14 @@ from typing import Any
 
 NOT_IMPLEMENTED = "not implemented"
 FAILED = "failed"
+SKIPPED = "skipped"  # the figure cannot run here (its topology is unavailable); its result says why
 
 
 @dataclass
 class Row:
     """One line of the table: our number, the baseline measured in the same run, and the target.
 
-    ``ours`` is a number, or :data:`NOT_IMPLEMENTED` / :data:`FAILED`. ``ratio`` is ours / baseline.
+    ``ours`` is a number, or :data:`NOT_IMPLEMENTED` / :data:`FAILED` / :data:`SKIPPED`. ``ratio`` is ours / baseline.
     ``met`` is None where there is no target.
     """
 

@@ -11,6 +11,7 @@ from .lateness import lateness
 from .park import park_bulk, park_single
 from .redis_memory import redis_memory_per_call
 from .release import release
+from .release_cluster import release_cluster
 from .worker_memory import worker_memory
 
 Figure = Callable[[Context], dict[str, Any]]
@@ -22,4 +23,5 @@ FIGURES: dict[str, Figure] = {
     "worker_memory": worker_memory,
     "lateness": lateness,
     "redis_memory_per_call": redis_memory_per_call,
+    "release_cluster": release_cluster,
 }
