@@ -11,12 +11,13 @@ import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import click
 
-from . import admin
+from . import admin, metrics
 from .errors import RedisDelayError
 from .extension import RedisDelay
 from .precise import PreciseReleasers
@@ -122,6 +123,31 @@ def releaser(ctx: click.Context, longest_sleep: float) -> None:
     click.echo(f"redisdelay releaser: releasing calls of {rd.app.main} as they fall due (pid {os.getpid()})")
     running.run()
     click.echo(f"redisdelay releaser: stopped after releasing {running.released} calls")
+
+
+@redisdelay.command()
+@click.option("--port", type=click.IntRange(1, 65535), default=9808, show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True, help="Where to listen (0.0.0.0: every interface).")
+@click.pass_context
+def exporter(ctx: click.Context, port: int, address: str) -> None:
+    """Serve Prometheus metrics at http://ADDRESS:PORT/metrics until SIGTERM or Ctrl-C (the prometheus extra)."""
+    rd = _extension(ctx)
+    try:
+        server = metrics.serve(rd, port, address)
+    except (RuntimeError, OSError) as exc:
+        raise click.ClickException(f"cannot serve metrics on {address}:{port}: {exc}") from exc
+    stopping = threading.Event()
+
+    def stop(signum: int, frame: Any) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    click.echo(f"redisdelay exporter: metrics of {rd.app.main} at http://{address}:{port}/metrics (pid {os.getpid()})")
+    stopping.wait()
+    server.shutdown()
+    server.server_close()
+    click.echo("redisdelay exporter: stopped")
 
 
 @redisdelay.command()

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -14,7 +18,8 @@ from celery import Celery, signals
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.metrics import LATENESS_BOUNDS_MS, serve, snapshot
-from celery_redisdelay.testing import free_port
+from celery_redisdelay.testing import RedisServer, free_port, stop_process, wait_for
+from tests.conftest import ROOT
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 
@@ -112,6 +117,33 @@ def test_the_exporter_serves_prometheus_text(make_app: MakeApp, client: redis.Re
     assert "redisdelay_released_total 3.0" in lines
     assert 'redisdelay_release_lateness_seconds_bucket{le="+Inf"} 3.0' in lines
     assert "redisdelay_release_lateness_seconds_count 3.0" in lines
+
+
+def test_the_exporter_command_serves_until_sigterm(redis_server: RedisServer) -> None:
+    pytest.importorskip("prometheus_client")
+    port = free_port()
+    env = {**os.environ, "REDISDELAY_TEST_URL": redis_server.url, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "celery", "-A", "tests.proj", "redisdelay", "exporter", "--port", str(port)]
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        page = wait_for(lambda: _scrape(port), 60, "the exporter to answer")
+        assert "redisdelay_calls{" in page and "redisdelay_release_lateness_seconds_bucket" in page
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        stop_process(process)
+    assert process.returncode == 0, output
+    assert b"redisdelay exporter: stopped" in output
+
+
+def _scrape(port: int) -> str | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
 
 
 # -- start-up checks ----------------------------------------------------------------------------
