@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from celery_redisdelay import RedisDelay, StoreUnavailableError
+from celery_redisdelay.admin import status as admin_status
 from celery_redisdelay.testing import RedisServer, beat, wait_for, worker
 from celery_redisdelay.topologies import LocalTLS, TopologyUnavailable
 from celery_redisdelay.validation import run_validation
@@ -28,6 +29,10 @@ def tls() -> Iterator[LocalTLS]:
         pytest.skip(str(exc))
     yield server
     server.stop()
+
+
+#: The ACL the README documents for the store's user (besides its key patterns).
+DOCUMENTED_ACL = "+@read +@write +@scripting +@connection +@blocking +time -@dangerous +memory|usage"
 
 
 def broker_conf(tls: LocalTLS) -> dict[str, Any]:
@@ -89,6 +94,39 @@ def test_a_store_of_its_own_over_tls(tls: LocalTLS, redis_server: RedisServer, m
     found = rd.find(call.id)
     assert found is not None and found.state == "delayed"
     assert not rd.fast_release
+
+
+def test_a_user_limited_to_the_documented_acl_can_run_the_store(
+    tls: LocalTLS, redis_server: RedisServer, made: list[Any]
+) -> None:
+    prefix = f"acl-{uuid.uuid4().hex[:6]}"
+    user, password = f"delay-{prefix}", uuid.uuid4().hex
+    rules = ["on", f">{password}", f"~{{{prefix}}}*", f"~{{{prefix}/*", *DOCUMENTED_ACL.split()]
+    with tls.client() as admin:
+        admin.acl_setuser(user, reset=True)
+        admin.execute_command("ACL", "SETUSER", user, *rules)
+    url = tls.url.replace(f"{tls.username}:{tls.password}@", f"{user}:{password}@")
+    conf = {
+        "broker_url": f"{redis_server.url}/0",
+        "redisdelay_url": url,
+        "redisdelay_connection_options": tls.ssl_options,
+        "redisdelay_key_prefix": prefix,
+        "redisdelay_shards": 2,
+        "task_default_queue": f"tls-queue-{uuid.uuid4().hex[:6]}",
+    }
+    rd = make(made, conf)
+    echo = echo_on(rd)
+    due = [echo.apply_async((n,), countdown=0).id for n in range(10)]
+    later = echo.apply_async((1,), countdown=3600, unique_key="k").id
+    assert rd.tick()["released"] == 10
+    assert rd.shards.first(due[0], lambda store: store.ack(due[0]))
+    assert rd.reschedule(later, countdown=60) and rd.cancel(later)
+    assert rd.shards.home(due[1]).bury(due[1], "by hand") and rd.requeue(due[1])
+    assert rd.stats()["inflight"] == 8
+    assert admin_status(rd)["delayed"] == 1
+    assert rd.check_server() == [], "CONFIG is not allowed: the check says nothing rather than fail"
+    with rd.lock("order:1", timeout=5):
+        pass
 
 
 @pytest.mark.parametrize(
