@@ -21,7 +21,7 @@ from kombu.serialization import loads
 from .batch import BatchCall
 from .envelope import Envelope, EnvelopeError
 from .errors import RedisDelayError
-from .store import STATES, CallStore, Entry, _decode_meta, redis_errors, text
+from .store import STATES, CallStore, Entry, decode_meta, redis_errors, text
 from .store import server_ms as clock_of
 from .wire import PREFIX as BROKER_MESSAGE_PREFIX
 
@@ -140,7 +140,7 @@ def _oldest(candidates: list[tuple[float, float, str, CallStore]]) -> dict[str, 
     late, score, call_id, store = max(candidates, key=lambda candidate: candidate[0])
     with redis_errors(f"read the metadata of call {call_id}"):
         raw: Any = store.client.hget(store.keys.meta, call_id)
-    meta = _decode_meta(raw)
+    meta = decode_meta(raw)
     return {
         "id": call_id,
         "task": meta.get("t"),
@@ -230,7 +230,7 @@ def _read(store: CallStore, state: str, offset: int, count: int) -> tuple[list[E
         ids = [text(member) for member, _ in members]
         metas: Any = store.client.hmget(store.keys.meta, ids) if ids else []
     entries = [
-        Entry(call_id, state, score, _decode_meta(meta), None)
+        Entry(call_id, state, score, decode_meta(meta), None)
         for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
     ]
     return entries, int(size)

@@ -74,10 +74,12 @@ class ShardSet:
 
     def home(self, call_id: str) -> CallStore:
         """The shard a call with this id is parked in."""
+        self.register()
         return self.stores[shard_of(call_id, self.count)]
 
     def for_name(self, name: str) -> CallStore:
         """The shard of a lock, a batch group or a unique/debounce key."""
+        self.register()
         return self.stores[shard_of(name, self.count)]
 
     def new_id(self, store: CallStore | None = None) -> str:
@@ -97,7 +99,11 @@ class ShardSet:
     # -- all shards ------------------------------------------------------------------------------
 
     def register(self) -> None:
-        """Record the configured tags (with the unsharded one) so a later shard count still finds them."""
+        """Record the configured tags (with the unsharded one) so a later shard count still finds them.
+
+        Once per process, before its first call is stored: whatever the count becomes later, the
+        releasers of that count find the calls parked now.
+        """
         if self._registered:
             return
         with redis_errors("record the shards"):

@@ -309,7 +309,7 @@ class CallStore:
             *scores, meta_raw, envelope = pipe.execute()
         for state, score in zip(STATES, scores, strict=True):
             if score is not None:
-                return Entry(call_id, state, score, _decode_meta(meta_raw), envelope)
+                return Entry(call_id, state, score, decode_meta(meta_raw), envelope)
         return None
 
     def entries(self, state: str, limit: int = 100, offset: int = 0) -> list[Entry]:
@@ -320,7 +320,7 @@ class CallStore:
             ids = [text(member) for member, _ in members]
             metas: Any = self.client.hmget(self.keys.meta, ids) if ids else []
         return [
-            Entry(call_id, state, score, _decode_meta(meta), None)
+            Entry(call_id, state, score, decode_meta(meta), None)
             for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
         ]
 
@@ -343,7 +343,7 @@ def due_args(countdown_ms: int | None, due_ms: int | None) -> tuple[str, int]:
     raise ValueError("give countdown_ms or due_ms")
 
 
-def _decode_meta(raw: bytes | None) -> dict[str, Any]:
+def decode_meta(raw: bytes | None) -> dict[str, Any]:
     try:
         meta = json.loads(raw) if raw else {}
     except ValueError:

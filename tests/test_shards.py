@@ -207,3 +207,13 @@ def test_shard_count_is_checked(make_app: MakeApp) -> None:
         with pytest.raises(ConfigurationError, match="redisdelay_shards"):
             _ = rd.shards
     assert shard_of("x", 1) == 0
+
+
+def test_a_producer_that_never_ticked_still_registers_its_shards(make_app: MakeApp, client: redis.Redis) -> None:
+    app, three = make_app(redisdelay_shards=3)
+    prefix, queue = app.conf.redisdelay_key_prefix, app.conf.task_default_queue
+    echo = echo_on(three)
+    ids = {echo.apply_async((n,), countdown=0).id for n in range(12)}
+    _, five = make_app(redisdelay_shards=5, redisdelay_key_prefix=prefix, task_default_queue=queue)
+    assert five.tick()["released"] == 12
+    assert set(queued_ids(client, five)) == ids
