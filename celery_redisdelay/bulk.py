@@ -62,7 +62,7 @@ def park_many(
     when = due_args(due.countdown_ms, due.at_ms)
     # Every message is built before anything is written: a call that cannot be serialized stores nothing.
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
-    fast = wire.Template.of(task.app, rd.broker_layout, template) if rd.fast_release else None
+    fast = wire.Template.of(task.app, rd.broker_layout, template) if rd.wire_format else None
     meta = CallStore.meta_json({**limits, "l": fast.key} if fast else limits)
     first = fast.render() if fast else template.encode()
     rd.check_size(template.task, len(first))

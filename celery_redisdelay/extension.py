@@ -154,6 +154,20 @@ class RedisDelay:
         return shared
 
     @cached_property
+    def wire_format(self) -> bool:
+        """Whether parked calls are stored as the broker message itself: whenever the broker is a Redis
+        (unless ``redisdelay_fast_release`` is False). Where the store is not the broker's server (a
+        cluster, another Redis), the releaser pushes those messages onto the broker's lists in one
+        pipeline per batch instead of publishing them one by one through kombu."""
+        if self.settings.fast_release is False:
+            return False
+        connection = self.app.connection_for_write()
+        try:
+            return connection.transport_cls in wire.REDIS_TRANSPORTS
+        finally:
+            connection.release()
+
+    @cached_property
     def broker_layout(self) -> wire.BrokerLayout:
         return wire.BrokerLayout.of(self.app)
 
@@ -161,8 +175,15 @@ class RedisDelay:
         """The releaser of one shard (made once per shard)."""
         made = self._releasers.get(store.keys.tag)
         if made is None or made.store is not store:
-            lists = self.broker_layout.list_keys(self.app) if self.fast_release else None
-            made = Releaser(self.app, store, self.settings, lists, new_id=lambda: self.shards.new_id(store))
+            lists = self.broker_layout.list_keys(self.app) if self.wire_format else None
+            made = Releaser(
+                self.app,
+                store,
+                self.settings,
+                lists,
+                new_id=lambda: self.shards.new_id(store),
+                in_script=self.fast_release,
+            )
             self._releasers[store.keys.tag] = made
         return made
 
@@ -274,7 +295,7 @@ class RedisDelay:
                 capture.append((envelope, due, meta))
                 return 1, task_id
             try:
-                fast = wire.build(self.app, self.broker_layout, envelope) if self.fast_release else None
+                fast = wire.build(self.app, self.broker_layout, envelope) if self.wire_format else None
                 encoded = fast[0] if fast else envelope.encode()
             except (TypeError, ValueError) as exc:
                 raise PayloadError(

@@ -18,6 +18,7 @@ from celery.utils import uuid
 from kombu.exceptions import OperationalError
 from kombu.utils import json
 
+from . import wire
 from .batch import BatchCall, BatchedTask
 from .envelope import Envelope, EnvelopeError
 from .errors import RedisDelayError
@@ -101,11 +102,16 @@ class Releaser:
         settings: Settings,
         lists: list[str] | None = None,
         new_id: Callable[[], str] = uuid,
+        in_script: bool = True,
     ) -> None:
         self.app = app
         self.store = store
         self.settings = settings
-        self.lists = lists  # the queue lists of the fast path (None: every call goes through kombu)
+        # The broker's queue lists stored messages may go to (None: every call goes through kombu);
+        # ``in_script``: the release script pushes them itself (the broker is the store's server).
+        self.lists = lists
+        self.in_script = in_script and lists is not None
+        self._wire_lists = frozenset(lists or ())
         self.new_id = new_id  # ids of flushed batches: they must belong to this store's shard
 
     # Each step is one bounded script call and says whether more may be left.
@@ -120,7 +126,7 @@ class Releaser:
     def release_step(self, report: TickReport) -> bool:
         batch = self.settings.release_batch
         claim_ms = round(self.settings.claim_timeout * 1000)
-        if self.lists is not None:
+        if self.in_script and self.lists is not None:
             queue_ms = round(self.settings.queue_timeout * 1000)
             claimed, examined, pushed = self.store.release(batch, claim_ms, queue_ms, self.lists)
             report.released += pushed
@@ -153,13 +159,38 @@ class Releaser:
         while time.monotonic() < deadline and self.flush_step(report):
             pass
 
+    def _pushable(self, call: Claimed) -> bytes | None:
+        """The broker message of a call stored in the broker's format, for one of the app's lists."""
+        if call.list_key not in self._wire_lists:
+            return None
+        return wire.message_for(call.id, call.envelope, call.deliveries)
+
+    def _push(self, producer: Any, calls: list[tuple[Claimed, bytes]]) -> tuple[list[str], Exception | None]:
+        """LPUSH stored broker messages onto their lists, one pipeline for the lot (the wire path).
+
+        Returns the ids pushed and the first refusal (say, the broker out of memory part-way through).
+        """
+        with producer.channel.conn_or_acquire() as client:
+            pipe = client.pipeline(transaction=False)
+            for call, message in calls:
+                pipe.lpush(call.list_key, message)
+            replies = pipe.execute(raise_on_error=False)
+        refusals = [reply for reply in replies if isinstance(reply, Exception)]
+        pushed = [call.id for (call, _), reply in zip(calls, replies, strict=True) if not isinstance(reply, Exception)]
+        return pushed, refusals[0] if refusals else None
+
     def _publish_batch(self, claimed: list[Claimed], report: TickReport) -> int:
+        """Publish claimed calls: through kombu one by one, then those stored as broker messages in one
+        pipeline. A bad entry is dead-lettered; a broker failure gives back what was not published."""
+        pushable = [(call, message) for call in claimed if (message := self._pushable(call)) is not None]
+        pushed_ids = {call.id for call, _ in pushable}
+        through_kombu = [call for call in claimed if call.id not in pushed_ids]
         published: list[str] = []
-        done = 0  # calls handled so far, published or buried
+        handled: set[str] = set()  # published or dead-lettered
         try:
             with self.app.producer_or_acquire() as producer:
                 fatal = broker_errors(producer)
-                for call in claimed:
+                for call in through_kombu:
                     try:
                         publish_call(self.app, producer, call.id, call.envelope)
                     except fatal:
@@ -171,11 +202,20 @@ class Releaser:
                             report.dead += 1
                     else:
                         published.append(call.id)
-                    done += 1
+                    handled.add(call.id)
+                if pushable:
+                    try:
+                        pushed, refusal = self._push(producer, pushable)
+                    except redis.RedisError as exc:
+                        raise OperationalError(f"cannot push to the broker: {exc}") from exc
+                    published.extend(pushed)
+                    handled.update(pushed)
+                    if refusal is not None:
+                        raise OperationalError(f"the broker refused a push: {refusal}") from refusal
         except Exception:
-            # The broker (or Redis) failed at call number ``done``: it and the rest go back now rather
-            # than after the claim timeout. If Redis itself is gone, the sweep returns them later.
-            pending = [call.id for call in claimed[done:]]
+            # The broker (or Redis) failed: what was not published goes back now rather than after the
+            # claim timeout. If Redis itself is gone, the sweep returns it later.
+            pending = [call.id for call in claimed if call.id not in handled]
             try:
                 self.store.unclaim(pending)
             except Exception:  # noqa: BLE001 - the original error is the one to report

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -33,11 +33,13 @@ STORED, KEPT, CONFLICT = 1, 0, -1
 
 @dataclass(frozen=True)
 class Claimed:
-    """A call taken for publishing: its id, its envelope, and which delivery this is."""
+    """A call taken for publishing: its id, its envelope, which delivery this is, and the broker list its
+    metadata names (a call stored as a broker message; ``""`` otherwise)."""
 
     id: str
     envelope: bytes
     deliveries: int
+    list_key: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -157,7 +159,7 @@ class CallStore:
     def claim_batch(self, limit: int, claim_timeout_ms: int) -> tuple[list[Claimed], int]:
         """Like :meth:`claim`, also returning how many due ids the script examined (claimed or buried)."""
         examined, *flat = self._run("claim", [limit, claim_timeout_ms], "claim due calls")
-        calls = [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        calls = _claimed(flat)
         return calls, int(examined)
 
     def release(
@@ -170,7 +172,7 @@ class CallStore:
         examined, pushed, *flat = self._run(
             "release", [limit, claim_timeout_ms, queue_timeout_ms], "release due calls", lists
         )
-        calls = [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2])) for i in range(0, len(flat), 3)]
+        calls = _claimed(flat)
         return calls, int(examined), int(pushed)
 
     def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int) -> int:
@@ -323,6 +325,11 @@ class CallStore:
             Entry(call_id, state, score, decode_meta(meta), None)
             for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
         ]
+
+
+def _claimed(flat: Sequence[Any]) -> list[Claimed]:
+    """The calls of a claim or release reply: (id, payload, deliveries, list) each."""
+    return [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2]), text(flat[i + 3])) for i in range(0, len(flat), 4)]
 
 
 def merged_pages(stores: Sequence[CallStore], state: str, limit: int, offset: int = 0) -> list[Entry]:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 #: How a stored broker message starts (an envelope starts with ``{"v":``).
 PREFIX = b'{"body": "'
+#: kombu transports that keep messages in Redis lists, in the format stored here.
+REDIS_TRANSPORTS = ("redis", "rediss", "sentinel")
 _DELIVERY_MODES = {"persistent": PERSISTENT_DELIVERY_MODE, "transient": TRANSIENT_DELIVERY_MODE}
 
 
@@ -145,6 +147,18 @@ def build(app: Celery, layout: BrokerLayout, envelope: Envelope) -> tuple[bytes,
     must publish it."""
     template = Template.of(app, layout, envelope)
     return None if template is None else (template.render(), template.key)
+
+
+def message_for(call_id: str, payload: bytes, delivery: int) -> bytes | None:
+    """The message to push for a delivery of a stored broker message (release.lua's ``message_for``):
+    as stored for the first, with the tag ``<id>.<delivery>`` for a later one; None when ``payload`` is
+    not a broker message of this call."""
+    ending = f'"delivery_tag": "{call_id}.1"}}}}'.encode()
+    if not payload.startswith(PREFIX) or not payload.endswith(ending):
+        return None
+    if delivery == 1:
+        return payload
+    return payload[: -len(ending)] + f'"delivery_tag": "{call_id}.{delivery}"}}}}'.encode()
 
 
 def to_envelope(raw: bytes) -> Envelope:

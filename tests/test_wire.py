@@ -95,6 +95,47 @@ def test_fast_and_kombu_paths_push_identical_messages(
     assert fast_message["properties"]["delivery_tag"] == f"same-id-{name}.1"
 
 
+@pytest.mark.parametrize(("name", "conf", "options"), CASES, ids=[case[0] for case in CASES])
+def test_a_store_elsewhere_pushes_the_same_message_from_python(
+    make_app: MakeApp, client: redis.Redis, redis_server: Any, name: str, conf: dict[str, Any], options: dict[str, Any]
+) -> None:
+    queue = f"queue-{uuid.uuid4().hex[:8]}"
+    _, fast = make_app(task_default_queue=queue, **conf)
+    _, piped = make_app(task_default_queue=queue, redisdelay_url=f"{redis_server.url}/3", **conf)
+    assert (fast.fast_release, piped.fast_release, piped.wire_format) == (True, False, True)
+    options = dict(options)
+    args = options.pop("args", (1,))
+    kwargs = {"y": [3]} if len(args) == 1 else {}
+    keys = fast.broker_layout.list_keys(fast.app)
+    messages = []
+    for rd in (fast, piped):
+        result = task_on(rd).apply_async(args, kwargs, countdown=0, task_id=f"piped-{name}", **options)
+        payload = rd.find(result.id).envelope  # type: ignore[union-attr]
+        assert payload is not None and payload.startswith(PREFIX)
+        messages.append(released(rd, client, keys))
+    (fast_message, fast_list), (piped_message, piped_list) = messages
+    assert fast_list == piped_list
+    assert comparable(fast_message) == comparable(piped_message)
+    assert piped_message["properties"]["delivery_tag"] == f"piped-{name}.1"
+
+
+def test_the_pipeline_gives_each_delivery_its_own_tag(
+    make_app: MakeApp, client: redis.Redis, redis_server: Any
+) -> None:
+    _, piped = make_app(redisdelay_url=f"{redis_server.url}/3")
+    keys = piped.broker_layout.list_keys(piped.app)
+    result = task_on(piped).apply_async((1,), countdown=0, visibility_timeout=0.01)
+    [first, where] = released(piped, client, keys)
+    piped.store.start(result.id, 10)
+    # One tick sweeps the call back and releases it again.
+    assert wait_for(lambda: (r := piped.tick())["requeued"] and r, 10, "the sweep")["released"] == 1
+    second = json.loads(client.lpop(where["list"]))  # type: ignore[arg-type]
+    assert (first["properties"]["delivery_tag"], second["properties"]["delivery_tag"]) == (
+        f"{result.id}.1",
+        f"{result.id}.2",
+    )
+
+
 def test_a_routed_queue_and_its_priority_list(make_app: MakeApp, client: redis.Redis) -> None:
     queue = f"orders-{uuid.uuid4().hex[:6]}"
     conf = {"task_queues": [Queue(queue, Exchange(queue), routing_key=queue)], "task_default_queue": queue}
@@ -120,9 +161,11 @@ def test_a_topic_exchange_takes_the_kombu_path(make_app: MakeApp, client: redis.
     assert not payload.startswith(PREFIX)
 
 
-def test_a_broker_elsewhere_keeps_the_kombu_path(make_app: MakeApp, redis_server: Any) -> None:
+def test_a_broker_elsewhere_takes_the_pipeline_not_the_script(make_app: MakeApp, redis_server: Any) -> None:
     _, other_db = make_app(redisdelay_url=f"{redis_server.url}/3")
     assert other_db.fast_release is False
+    assert other_db.wire_format is True, "the broker is a Redis: the message is stored in its format"
+    assert other_db.releaser.lists and not other_db.releaser.in_script
     _, forced = make_app(redisdelay_url=f"{redis_server.url}/3", redisdelay_fast_release=True)
     with pytest.raises(ConfigurationError, match="same server and database"):
         _ = forced.fast_release

@@ -1,7 +1,7 @@
 -- claim.lua: take due calls for publishing. A claimed call is in flight with a short deadline,
 -- so a releaser that dies before publishing loses nothing: the sweep brings the call back.
 -- ARGV: 1 most calls to take, 2 claim timeout (ms)
--- Returns: {examined, id, envelope, deliveries, id, envelope, deliveries, ...}: how many due ids the
+-- Returns: {examined, id, envelope, deliveries, list, ...}: how many due ids the
 -- script looked at, then the claimed calls. A due id without an envelope is dead-lettered here and
 -- not returned, so fewer calls than examined ids does not mean the backlog is empty.
 local now = now_ms()
@@ -25,6 +25,7 @@ for i = 1, #rows, 2 do
         out[#out + 1] = id
         out[#out + 1] = envelope
         out[#out + 1] = meta.d
+        out[#out + 1] = type(meta.l) == 'string' and meta.l or ''
         taken[(i + 1) / 2] = true
     end
 end

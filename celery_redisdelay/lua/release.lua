@@ -5,7 +5,7 @@
 -- message without its own tag (not ours), is claimed for the generic path, as claim.lua does.
 -- KEYS[10..]: the queue lists this app's messages may go to (kombu's names, priorities included).
 -- ARGV: 1 most calls to take, 2 claim timeout (ms), 3 default queue timeout (ms)
--- Returns: {examined, pushed, id, payload, deliveries, ...}: due ids looked at, calls pushed, then the
+-- Returns: {examined, pushed, id, payload, deliveries, list, ...}: due ids looked at, calls pushed, then the
 -- calls claimed for the generic path. Due ids without payload are dead-lettered here.
 local lists = {}
 for i = 10, #KEYS do
@@ -116,6 +116,7 @@ for i, id in ipairs(ids) do
             out[#out + 1] = id
             out[#out + 1] = payload
             out[#out + 1] = meta.d
+            out[#out + 1] = type(key) == 'string' and key or ''
         end
         deadlines[#deadlines + 1] = deadline
         deadlines[#deadlines + 1] = id
