@@ -88,8 +88,19 @@ class CallStore:
         self._keys = keys.store_keys
 
     def _run(self, name: str, args: Sequence[Any], action: str, extra_keys: Sequence[str] = ()) -> Any:
+        script, keys = self._scripts[name], [*self._keys, *extra_keys]
         with redis_errors(action):
-            return self._scripts[name](keys=[*self._keys, *extra_keys], args=list(args))
+            try:
+                return script(keys=keys, args=list(args))
+            except redis.ResponseError as exc:
+                if "READONLY" not in str(exc) or not hasattr(self.client, "connection_pool"):
+                    raise
+                # A failover made our server a replica. Redis 6.2 reports that inside a script as a
+                # script error, so redis-py keeps the connection: drop the pool's connections (a
+                # Sentinel pool then asks for the new master) and try once more. A replica refuses
+                # the first write, so the failed attempt changed nothing.
+                self.client.connection_pool.disconnect()
+                return script(keys=keys, args=list(args))
 
     def park(
         self,
