@@ -71,7 +71,15 @@ from celery_redisdelay.validation import CONSUMER_TASK
 
 from .analysis import Explainer, read_runs, recoveries, run_counts
 from .cluster import ROOT, Cluster
-from .config import BROKER_VISIBILITY_TIMEOUT, CLAIM_TIMEOUT, ENV_URL, QUEUE, RESTORE_INTERVAL, TICK_INTERVAL
+from .config import (
+    BROKER_VISIBILITY_TIMEOUT,
+    CLAIM_TIMEOUT,
+    ENV_SHARDS,
+    ENV_URL,
+    QUEUE,
+    RESTORE_INTERVAL,
+    TICK_INTERVAL,
+)
 from .faults import BEAT_KILL, CLIENT_KILL, KINDS, REDIS_RESTART, RELEASER_KILL, WORKER_KILL, Injector, Progress, plan
 from .report import table, write_json
 from .server import DurableRedis
@@ -101,6 +109,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--releaser-kills", type=int, default=10, help="SIGKILL the releaser, start it again (10)")
     parser.add_argument("--redis-restarts", type=int, default=2, help="SIGTERM redis-server, start it again (2)")
     parser.add_argument("--client-kills", type=int, default=10, help="CLIENT KILL TYPE normal (10)")
+    parser.add_argument("--shards", type=int, default=1, help="redisdelay_shards of the app (1)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the fault plan (default: a random one)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the report ({DEFAULT_JSON})")
     parser.add_argument("--timeout", type=float, default=1.0, help="the consumer's visibility timeout in s (1.0)")
@@ -237,8 +246,9 @@ class Run:
         rd = self.rd
         try:
             pipe = rd.client.pipeline(transaction=False)
-            pipe.zcard(rd.keys.delayed)
-            pipe.zcard(rd.keys.inflight)
+            for store in rd.shards.all():
+                pipe.zcard(store.keys.delayed)
+                pipe.zcard(store.keys.inflight)
             pipe.llen(QUEUE)
             pipe.hlen(KOMBU_UNACKED)
             return not any(pipe.execute())
@@ -252,7 +262,7 @@ class Run:
         processed_key, counters_key = rd.keys.validation_keys(self.run_id)
         times = {int(number): int(n) for number, n in rd.client.hgetall(processed_key).items()}
         counters = {text(key): int(value) for key, value in rd.client.hgetall(counters_key).items()}
-        dead = int(rd.client.zcard(rd.keys.dead))  # the store holds the validation's calls only
+        dead = sum(int(rd.client.zcard(store.keys.dead)) for store in rd.shards.all())  # only the run's calls
         rd.client.delete(processed_key, counters_key)
         return ValidationReport(
             run_id=self.run_id,
@@ -273,12 +283,13 @@ class Run:
         self.server.start()
         say(f"redis-server {self.server.version()} ({self.server.binary}) on {self.server.url}, pid {self.server.pid}")
         os.environ[ENV_URL] = self.server.url
+        os.environ[ENV_SHARDS] = str(self.args.shards)
         from . import app as chaos_app  # builds the app from the environment
 
         if self.server.url != chaos_app.URL:
             raise RuntimeError(f"chaos.app was imported before the runner set {ENV_URL}")
         rd = chaos_app.rd
-        if "store" in vars(rd) or "client" in vars(rd):
+        if {"store", "client", "shards"} & set(vars(rd)):
             raise RuntimeError("the extension's client was made before the runner could replace it")
         vars(rd)["client"] = retrying_client(rd.settings.url)  # see the module's docstring
         self.rd = rd

@@ -4,6 +4,8 @@ Configured from the environment, which ``python -m chaos`` sets for every proces
 
 ``REDISDELAY_CHAOS_URL``
     ``redis://host:port`` without a database; the broker and the call store use database 0.
+``REDISDELAY_CHAOS_SHARDS``
+    ``redisdelay_shards`` (1 by default).
 ``REDISDELAY_CHAOS_EVENTS``
     A directory: each worker process appends one JSON line per start and end of a validation
     consumer run to ``events-<pid>.jsonl`` there (local files, so a Redis fault cannot lose them).
@@ -30,6 +32,7 @@ from .config import (
     BROKER_VISIBILITY_TIMEOUT,
     CLAIM_TIMEOUT,
     ENV_EVENTS,
+    ENV_SHARDS,
     ENV_URL,
     KEY_PREFIX,
     QUEUE,
@@ -44,6 +47,7 @@ app = Celery("chaos", broker=f"{URL}/0", set_as_current=True)
 app.conf.update(
     redisdelay_url=f"{URL}/0",
     redisdelay_key_prefix=KEY_PREFIX,
+    redisdelay_shards=int(os.environ.get(ENV_SHARDS) or 1),
     redisdelay_tick_interval=TICK_INTERVAL,
     redisdelay_claim_timeout=CLAIM_TIMEOUT,
     broker_transport_options={

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 ENV_URL = "REDISDELAY_CHAOS_URL"
 ENV_EVENTS = "REDISDELAY_CHAOS_EVENTS"
+ENV_SHARDS = "REDISDELAY_CHAOS_SHARDS"
 
 KEY_PREFIX = "chaos"
 QUEUE = "chaos"

@@ -24,6 +24,10 @@ CI_SIZE = (
     "2",
     "--client-kills",
     "3",
+    # Two shards: the sharded paths (per-shard releaser threads, acks found across shards) under faults;
+    # the one-shard layout runs in every other end-to-end test.
+    "--shards",
+    "2",
     # The validation gives up before the test does, so a failing run still prints its report.
     "--deadline",
     "180",
