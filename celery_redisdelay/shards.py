@@ -92,10 +92,6 @@ class ShardSet:
             if shard_of(call_id, self.count) == wanted:
                 return call_id
 
-    def ids_for(self, store: CallStore, count: int) -> list[str]:
-        """``count`` fresh ids homed in ``store``."""
-        return [self.new_id(store) for _ in range(count)]
-
     # -- all shards ------------------------------------------------------------------------------
 
     def register(self) -> None:
