@@ -8,13 +8,14 @@ local now = now_ms()
 local rows = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
 local deadline = now + tonumber(ARGV[2])
 local out = {#rows / 2}
-local taken = {}
+local buried = {}
 for i = 1, #rows, 2 do
     local id = rows[i]
     local meta = load_meta(id)
     local envelope = redis.call('HGET', PAYLOADS, id)
     if not envelope then
         bury(id, meta, 'payload missing at release', now)
+        buried[(i + 1) / 2] = true
     else
         redis.call('ZREM', DELAYED, id)
         free_key(id, meta)
@@ -26,8 +27,7 @@ for i = 1, #rows, 2 do
         out[#out + 1] = envelope
         out[#out + 1] = meta.d
         out[#out + 1] = type(meta.l) == 'string' and meta.l or ''
-        taken[(i + 1) / 2] = true
     end
 end
-count_releases(rows, taken, now)
+count_releases(rows, buried, now)
 return out

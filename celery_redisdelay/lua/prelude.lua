@@ -160,21 +160,22 @@ end
 
 -- Release lateness for metrics: how long after its due time each call left the delay set, counted
 -- per bucket (upper bounds in ms; the last bucket is unbounded), with the total. ``rows`` is a
--- ZRANGEBYSCORE ... WITHSCORES reply; ``taken[i]`` says whether the i-th call was released.
+-- ZRANGEBYSCORE ... WITHSCORES reply (oldest first, so lateness only falls along it); ``skipped[i]``
+-- marks the i-th call as not released (dead-lettered instead).
 local LATENESS_BOUNDS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000}
-local function count_releases(rows, taken, now)
-    local buckets, total, sum = {}, 0, 0
+local function count_releases(rows, skipped, now)
+    local counts, total, sum = {}, 0, 0
+    local bucket = #LATENESS_BOUNDS + 1  -- the unbounded one; walks down as lateness falls
     for i = 2, #rows, 2 do
-        if taken[i / 2] then
-            local late = math.max(now - tonumber(rows[i]), 0)
-            local bucket = 'inf'
-            for _, bound in ipairs(LATENESS_BOUNDS) do
-                if late <= bound then
-                    bucket = bound
-                    break
-                end
+        if not skipped[i / 2] then
+            local late = now - tonumber(rows[i])
+            if late < 0 then
+                late = 0
             end
-            buckets[bucket] = (buckets[bucket] or 0) + 1
+            while bucket > 1 and late <= LATENESS_BOUNDS[bucket - 1] do
+                bucket = bucket - 1
+            end
+            counts[bucket] = (counts[bucket] or 0) + 1
             total = total + 1
             sum = sum + late
         end
@@ -182,8 +183,8 @@ local function count_releases(rows, taken, now)
     if total > 0 then
         redis.call('HINCRBY', COUNTERS, 'released', total)
         redis.call('HINCRBY', COUNTERS, 'late_ms_sum', sum)
-        for bucket, n in pairs(buckets) do
-            redis.call('HINCRBY', COUNTERS, 'late_le_' .. bucket, n)
+        for index, n in pairs(counts) do
+            redis.call('HINCRBY', COUNTERS, 'late_le_' .. (LATENESS_BOUNDS[index] or 'inf'), n)
         end
     end
 end

@@ -49,7 +49,7 @@ local claim_deadline = now + tonumber(ARGV[2])
 local default_queue_ms = tonumber(ARGV[3])
 local payloads = redis.call('HMGET', PAYLOADS, unpack(ids))
 local raw_metas = redis.call('HMGET', META, unpack(ids))
-local taken, deadlines, metas, pushes, released = {}, {}, {}, {}, {}
+local taken, deadlines, metas, pushes, buried = {}, {}, {}, {}, {}
 local pushed = 0
 -- The common case, without decoding JSON: the first delivery of a call whose metadata is exactly as
 -- the park wrote it (limits, the list, then ',"d":0,"s":"delayed"}'; no unique key). Returns the list,
@@ -86,7 +86,6 @@ for i, id in ipairs(ids) do
     local message = fresh_key and message_for(id, payload, 1)
     if message then
         taken[#taken + 1] = id
-        released[i] = true
         push(fresh_key, message)
         deadlines[#deadlines + 1] = now + queue_ms
         deadlines[#deadlines + 1] = id
@@ -94,13 +93,13 @@ for i, id in ipairs(ids) do
         metas[#metas + 1] = fresh_meta
     elseif not payload then
         bury(id, load_meta(id), 'payload missing at release', now)
+        buried[i] = true
     else
         local ok, meta = pcall(cjson.decode, raw_metas[i] or '{}')
         if not ok or type(meta) ~= 'table' then
             meta = {}  -- corrupt metadata must not stop the release
         end
         taken[#taken + 1] = id
-        released[i] = true
         free_key(id, meta)
         meta.d = (tonumber(meta.d) or 0) + 1
         local key = meta.l
@@ -134,6 +133,6 @@ if #taken > 0 then
         bulk('LPUSH', key, messages)
     end
 end
-count_releases(rows, released, now)
+count_releases(rows, buried, now)
 out[2] = pushed
 return out
