@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from celery import bootsteps
 
-from .connection import connect
+from .connection import connect, is_cluster
 from .errors import RedisDelayError
 from .release import TickReport, broker_errors
 from .store import server_ms
@@ -80,10 +80,17 @@ class PreciseReleaser:
 
     def seconds_to_next(self) -> float:
         """Seconds until the earliest parked call is due (0: due now), at most ``longest_sleep``."""
-        first = self.client.zrange(self.keys.delayed, 0, 0, withscores=True)
+        if is_cluster(self.client):  # a cluster pipeline refuses TIME
+            first = self.client.zrange(self.keys.delayed, 0, 0, withscores=True)
+            now_ms = server_ms(self.client, self.keys.delayed)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(self.keys.delayed, 0, 0, withscores=True)
+            pipe.time()
+            first, (seconds, micros) = pipe.execute()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
         if not first:
             return self.longest_sleep
-        now_ms = server_ms(self.client, self.keys.delayed)
         due_ms = float(first[0][1])
         return min(max((due_ms - now_ms) / 1000, 0.0), self.longest_sleep)
 

@@ -133,11 +133,13 @@ class ShardSet:
     def first(self, call_id: str, action: Callable[[CallStore], T]) -> T:
         """``action`` on the call's home, then on the other shards until one gives a true result."""
         stores = self.search(call_id)
-        result = action(next(stores))  # the home: always there
+        result = action(next(stores))  # the home
+        if result:
+            return result  # the common case: the other shards are not even listed
         for store in stores:
+            result = action(store)
             if result:
                 break
-            result = action(store)
         return result
 
     def total(self, parts: Sequence[dict[str, int]]) -> dict[str, int]:
