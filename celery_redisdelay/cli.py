@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -100,6 +100,16 @@ def _bytes(size: int) -> str:
     return f"{scaled:,.1f} {unit}"
 
 
+def _on_stop_signals(stop: Callable[[], None]) -> None:
+    """Call ``stop`` on SIGTERM and Ctrl-C (for the commands that run until stopped)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
 @click.group(cls=RedisDelayGroup)
 def redisdelay() -> None:
     """Delayed calls kept in Redis by celery-redisdelay."""
@@ -115,11 +125,7 @@ def releaser(ctx: click.Context, longest_sleep: float) -> None:
     rd = _extension(ctx)
     running = PreciseReleasers(rd, longest_sleep=longest_sleep)
 
-    def stop(signum: int, frame: Any) -> None:
-        running.stop()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    _on_stop_signals(running.stop)
     click.echo(f"redisdelay releaser: releasing calls of {rd.app.main} as they fall due (pid {os.getpid()})")
     running.run()
     click.echo(f"redisdelay releaser: stopped after releasing {running.released} calls")
@@ -137,12 +143,7 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
     except (RuntimeError, OSError) as exc:
         raise click.ClickException(f"cannot serve metrics on {address}:{port}: {exc}") from exc
     stopping = threading.Event()
-
-    def stop(signum: int, frame: Any) -> None:
-        stopping.set()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    _on_stop_signals(stopping.set)
     click.echo(f"redisdelay exporter: metrics of {rd.app.main} at http://{address}:{port}/metrics (pid {os.getpid()})")
     stopping.wait()
     server.shutdown()

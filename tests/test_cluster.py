@@ -17,11 +17,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.testing import RedisServer, beat, wait_for, worker
+from celery_redisdelay.testing import RedisServer
 from celery_redisdelay.topologies import LocalCluster
-from celery_redisdelay.validation import run_validation
 from tests import topology_proj
-from tests.conftest import ROOT
 
 SHARDS = 3
 
@@ -110,22 +108,7 @@ def test_every_operation_runs_on_the_cluster(on_cluster: RedisDelay, redis_serve
 def test_a_validation_run_on_the_cluster_loses_nothing(
     cluster_conf: dict[str, Any], on_cluster: RedisDelay, redis_server: RedisServer
 ) -> None:
-    env = {topology_proj.ENV: json.dumps(cluster_conf), "PYTHONPATH": str(ROOT)}
-    processes = [
-        worker("tests.topology_proj", concurrency=2, env=env, cwd=str(ROOT)).start(),
-        beat("tests.topology_proj", env=env, cwd=str(ROOT)).start(),
-    ]
-    try:
-        wait_for(lambda: "ready." in processes[0].output(), 60, "the worker to be ready")
-        report = run_validation(on_cluster, 300, fail_every=2, timeout=3, deadline=120)
-        logs = "\n".join(p.output()[-3000:] for p in processes)
-        assert report.ok and not report.timed_out, f"{report}\n{logs}"
-        assert report.processed == 300 and report.failures >= 150
-        assert len({on_cluster.shards.home(str(n)).keys.tag for n in range(30)}) == SHARDS
-    finally:
-        for process in processes:
-            process.stop()
-            process.remove_files()
+    topology_proj.validate_with_worker_and_beat(cluster_conf, on_cluster, 300, timeout=3)
 
 
 def test_a_node_that_is_down_stops_only_its_shard(cluster_conf: dict[str, Any], local_cluster: LocalCluster) -> None:

@@ -14,11 +14,9 @@ import pytest
 
 from celery_redisdelay import RedisDelay, StoreUnavailableError
 from celery_redisdelay.admin import status as admin_status
-from celery_redisdelay.testing import RedisServer, beat, wait_for, worker
+from celery_redisdelay.testing import RedisServer
 from celery_redisdelay.topologies import LocalTLS, TopologyUnavailable
-from celery_redisdelay.validation import run_validation
 from tests import topology_proj
-from tests.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -158,18 +156,4 @@ def test_a_refused_connection_says_why(tls: LocalTLS, made: list[Any], how: str,
 def test_a_validation_run_over_tls(tls: LocalTLS, made: list[Any]) -> None:
     conf = broker_conf(tls)
     rd = make(made, conf)
-    env = {topology_proj.ENV: json.dumps(conf), "PYTHONPATH": str(ROOT)}
-    processes = [
-        worker("tests.topology_proj", concurrency=2, env=env, cwd=str(ROOT)).start(),
-        beat("tests.topology_proj", env=env, cwd=str(ROOT)).start(),
-    ]
-    try:
-        wait_for(lambda: "ready." in processes[0].output(), 60, "the worker to be ready")
-        report = run_validation(rd, 200, fail_every=2, timeout=2, deadline=120)
-        logs = "\n".join(p.output()[-3000:] for p in processes)
-        assert report.ok and not report.timed_out, f"{report}\n{logs}"
-        assert report.processed == 200 and report.failures >= 100
-    finally:
-        for process in processes:
-            process.stop()
-            process.remove_files()
+    topology_proj.validate_with_worker_and_beat(conf, rd, 200, timeout=2)
