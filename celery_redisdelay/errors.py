@@ -30,6 +30,12 @@ class StoreUnavailableError(RedisDelayError, ConnectionError):
     """Redis could not be reached, or refused the command; nothing was changed by the failed call."""
 
 
+class NotReplicatedError(RedisDelayError):
+    """A call was stored on the master, but fewer replicas than ``redisdelay_wait_replicas`` confirmed it
+    within ``redisdelay_wait_timeout``: a failover now could lose it. Parking it again under the same
+    task id is safe (it replaces itself)."""
+
+
 class Abandon(Ignore):  # type: ignore[misc]  # Celery is untyped
     """Raise inside a delayed task to end this delivery without acknowledging it.
 

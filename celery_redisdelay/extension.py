@@ -119,7 +119,14 @@ class RedisDelay:
     @cached_property
     def shards(self) -> ShardSet:
         """The call stores: ``redisdelay_shards`` of them, plus retired ones that still hold calls."""
-        return ShardSet(self.client, self.settings.key_prefix, self.settings.shards)
+        settings = self.settings
+        if settings.wait_replicas and is_cluster(self.client):
+            raise ConfigurationError(
+                "redisdelay_wait_replicas is not supported with a Redis Cluster store (WAIT cannot share a "
+                "cluster pipeline); set it to 0, or use Sentinel or a single server"
+            )
+        wait_ms = round(settings.wait_timeout * 1000)
+        return ShardSet(self.client, settings.key_prefix, settings.shards, settings.wait_replicas, wait_ms)
 
     @cached_property
     def keys(self) -> Keyspace:

@@ -31,6 +31,8 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_shards": 1,
     "redisdelay_cluster": False,
     "redisdelay_connection_options": None,
+    "redisdelay_wait_replicas": 0,
+    "redisdelay_wait_timeout": 1.0,
 }
 
 
@@ -65,6 +67,9 @@ class Settings:
     cluster: bool = False
     #: Keyword arguments for redis-py's client (``ssl_ca_certs``, ``username``, ``socket_timeout``...).
     connection_options: dict[str, Any] = field(default_factory=dict)
+    #: Replicas that must confirm each park (Redis ``WAIT``) within ``wait_timeout`` seconds; 0: none.
+    wait_replicas: int = 0
+    wait_timeout: float = 1.0
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -85,6 +90,9 @@ class Settings:
             raise ConfigurationError(
                 f"redisdelay_connection_options must be a dict of redis-py client options, not {options!r}"
             )
+        wait_replicas = conf.get("redisdelay_wait_replicas") or 0
+        if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
+            raise ConfigurationError(f"redisdelay_wait_replicas must be an integer >= 0, not {wait_replicas!r}")
         cluster = conf.get("redisdelay_cluster") or False
         if not isinstance(cluster, bool):
             raise ConfigurationError(f"redisdelay_cluster must be True or False, not {cluster!r}")
@@ -114,6 +122,8 @@ class Settings:
             shards=int(positive_setting(conf, "redisdelay_shards", integer=True)),
             cluster=cluster or url.startswith(CLUSTER_SCHEMES),
             connection_options=dict(options),
+            wait_replicas=wait_replicas,
+            wait_timeout=float(positive_setting(conf, "redisdelay_wait_timeout")),
         )
 
 

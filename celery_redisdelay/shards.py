@@ -56,7 +56,7 @@ def shard_of(name: str, count: int) -> int:
 class ShardSet:
     """The call stores of one deployment: the configured shards, plus retired ones still holding calls."""
 
-    def __init__(self, client: Any, prefix: str, count: int) -> None:
+    def __init__(self, client: Any, prefix: str, count: int, wait_replicas: int = 0, wait_ms: int = 1000) -> None:
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= LARGEST_SHARD_COUNT:
             raise ConfigurationError(
                 f"redisdelay_shards must be an integer from 1 to {LARGEST_SHARD_COUNT}, not {count!r}"
@@ -64,11 +64,15 @@ class ShardSet:
         self.client = client
         self.prefix = prefix
         self.count = count
-        self.stores = [CallStore(client, Keyspace(prefix, tag)) for tag in shard_tags(prefix, count)]
+        self.wait_replicas, self.wait_ms = wait_replicas, wait_ms
+        self.stores = [self._store(tag) for tag in shard_tags(prefix, count)]
         self._registry = Keyspace(prefix).shard_registry
         self._retired: list[CallStore] = []
         self._retired_read = -REGISTRY_TTL_SECONDS
         self._registered = count == 1  # one shard is the unsharded layout: nothing to record
+
+    def _store(self, tag: str) -> CallStore:
+        return CallStore(self.client, Keyspace(self.prefix, tag), self.wait_replicas, self.wait_ms)
 
     # -- where things live -----------------------------------------------------------------------
 
@@ -118,7 +122,7 @@ class ShardSet:
             current = {store.keys.tag for store in self.stores}
             tags = sorted(text(tag) for tag in found if text(tag) not in current)
             known = {store.keys.tag: store for store in self._retired}
-            self._retired = [known.get(tag) or CallStore(self.client, Keyspace(self.prefix, tag)) for tag in tags]
+            self._retired = [known.get(tag) or self._store(tag) for tag in tags]
             self._retired_read = time.monotonic()
         return [*self.stores, *self._retired]
 

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from .errors import StoreUnavailableError
+from .errors import NotReplicatedError, StoreUnavailableError
 from .keys import Keyspace
 from .scripts import Scripts
 
@@ -81,17 +81,28 @@ def text(value: bytes | str) -> str:
 class CallStore:
     """Python face of the Lua scripts; every method is one round trip."""
 
-    def __init__(self, client: redis.Redis, keys: Keyspace) -> None:
+    def __init__(self, client: redis.Redis, keys: Keyspace, wait_replicas: int = 0, wait_ms: int = 1000) -> None:
         self.client = client
         self.keys = keys
+        self.wait_replicas = wait_replicas
+        self.wait_ms = wait_ms
         self._scripts = Scripts(client)
         self._keys = keys.store_keys
 
-    def _run(self, name: str, args: Sequence[Any], action: str, extra_keys: Sequence[str] = ()) -> Any:
+    def _run(
+        self,
+        name: str,
+        args: Sequence[Any],
+        action: str,
+        extra_keys: Sequence[str] = (),
+        *,
+        replicated: bool = False,
+    ) -> Any:
+        """Run a store script; with ``replicated`` (parks), wait for ``wait_replicas`` replicas to have it."""
         script, keys = self._scripts[name], [*self._keys, *extra_keys]
         with redis_errors(action):
             try:
-                return script(keys=keys, args=list(args))
+                return self._call(script, keys, list(args), action, replicated)
             except redis.ResponseError as exc:
                 if "READONLY" not in str(exc) or not hasattr(self.client, "connection_pool"):
                     raise
@@ -100,7 +111,23 @@ class CallStore:
                 # Sentinel pool then asks for the new master) and try once more. A replica refuses
                 # the first write, so the failed attempt changed nothing.
                 self.client.connection_pool.disconnect()
-                return script(keys=keys, args=list(args))
+                return self._call(script, keys, list(args), action, replicated)
+
+    def _call(self, script: Any, keys: list[str], args: list[Any], action: str, replicated: bool) -> Any:
+        if not (replicated and self.wait_replicas):
+            return script(keys=keys, args=args)
+        # WAIT counts the replicas that have this connection's writes: script and WAIT share a pipeline.
+        pipe = self.client.pipeline(transaction=False)
+        script(keys=keys, args=args, client=pipe)
+        pipe.wait(self.wait_replicas, self.wait_ms)
+        result, confirmed = pipe.execute()
+        if int(confirmed) < self.wait_replicas:
+            raise NotReplicatedError(
+                f"celery-redisdelay could not {action} durably: {confirmed} of {self.wait_replicas} replicas "
+                f"confirmed it within {self.wait_ms} ms (redisdelay_wait_replicas). It is stored on the master, "
+                "and a failover now could lose it"
+            )
+        return result
 
     def park(
         self,
@@ -137,7 +164,7 @@ class CallStore:
             fields["k"] = key
         meta_json = json.dumps(fields, separators=(",", ":"))
         status, due, holder = self._run(
-            "park", [call_id, envelope, meta_json, *when, mode, key], f"park call {call_id}"
+            "park", [call_id, envelope, meta_json, *when, mode, key], f"park call {call_id}", replicated=True
         )
         return int(status), int(due), text(holder)
 
@@ -148,7 +175,7 @@ class CallStore:
 
     def park_many(self, flat: Sequence[Any], when: tuple[str, int]) -> int:
         """Store calls given as (id, envelope, meta JSON, ...) with one due time: ``when`` from :func:`due_args`."""
-        return int(self._run("park_many", [*when, *flat], f"park {len(flat) // 3} calls"))
+        return int(self._run("park_many", [*when, *flat], f"park {len(flat) // 3} calls", replicated=True))
 
     def holder(self, key: str) -> str | None:
         """The id of the parked call holding a unique/debounce key (a hint: it may change at once)."""
@@ -232,6 +259,7 @@ class CallStore:
             [group, item, size, max_wait_ms, call_id, meta_json],
             f"add an item to batch group {group}",
             [self.keys.batch_items(group)],
+            replicated=True,
         )
         return int(waiting), text(released) or None
 

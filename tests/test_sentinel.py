@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from celery_redisdelay import RedisDelay
+from celery_redisdelay import NotReplicatedError, RedisDelay
 from celery_redisdelay.settings import Settings
 from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, kill_group, wait_for, worker
 from celery_redisdelay.topologies import LocalSentinel, TopologyUnavailable
@@ -167,3 +167,66 @@ def _restart_exited(processes: dict[str, CeleryProcess]) -> int:
             process.start()
             restarted += 1
     return restarted
+
+
+# -- parks confirmed by replicas (redisdelay_wait_replicas) -------------------------------------------
+
+
+@pytest.fixture
+def master_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
+    master = RedisServer().start()
+    replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)]).start()
+    try:
+        with redis.Redis(port=replica.port) as client:
+            wait_for(lambda: client.info("replication")["master_link_status"] == "up", 30, "the replica's link")
+        yield master, replica
+    finally:
+        replica.stop()
+        master.stop()
+
+
+def test_a_park_returns_once_the_replica_has_it(master_and_replica: tuple[RedisServer, RedisServer]) -> None:
+    master, replica = master_and_replica
+    conf = {"broker_url": f"{master.url}/0", "redisdelay_wait_replicas": 1, "redisdelay_key_prefix": "durable"}
+    app, rd = topology_proj.make_app(conf, name="durable")
+    try:
+        echo = echo_on(rd)
+
+        @rd.batched(name="tests.sentinel.trucks", size=2, max_wait=60)
+        def trucks(key: str, items: list[int]) -> None:
+            return None
+
+        parked = [echo.apply_async((n,), countdown=60).id for n in range(20)]
+        parked += [result.id for result in echo.park_many([(n,) for n in range(50)], countdown=60)]
+        trucks.add("k", 1)
+        flushed = trucks.add("k", 2)
+        assert flushed is not None
+        parked.append(flushed.id)
+        with redis.Redis(port=replica.port) as copy:
+            # No waiting here: WAIT returned only when the replica had every one of them.
+            assert all(copy.hexists(rd.store.keys.payloads, call_id) for call_id in parked)
+
+        replica.terminate()
+        began = time.monotonic()
+        with pytest.raises(NotReplicatedError, match="0 of 1 replicas confirmed it within 1000 ms"):
+            echo.apply_async((99,), countdown=60, task_id="unconfirmed")
+        assert time.monotonic() - began < 10
+        assert rd.find("unconfirmed") is not None, "it is stored on the master all the same"
+    finally:
+        app.close()
+
+
+def test_waiting_for_replicas_is_refused_on_a_cluster(local_cluster: Any, redis_server: RedisServer) -> None:
+    from celery_redisdelay import ConfigurationError
+
+    conf = {
+        "broker_url": f"{redis_server.url}/0",
+        "redisdelay_url": local_cluster.url.replace("redis://", "redis+cluster://"),
+        "redisdelay_wait_replicas": 1,
+    }
+    app, rd = topology_proj.make_app(conf, name="durable-cluster")
+    try:
+        with pytest.raises(ConfigurationError, match="redisdelay_wait_replicas"):
+            _ = rd.shards
+    finally:
+        app.close()

@@ -117,6 +117,14 @@ def test_connection_options_come_from_broker_use_ssl_only() -> None:
     assert Settings.from_conf(mine).connection_options == {"socket_timeout": 3}
 
 
+@pytest.mark.parametrize("bad", [-1, True, "1", 1.5])
+def test_wait_replicas_must_be_a_count(bad: object) -> None:
+    with pytest.raises(ConfigurationError, match="redisdelay_wait_replicas"):
+        Settings.from_conf({"broker_url": BROKER, "redisdelay_wait_replicas": bad})
+    settings = Settings.from_conf({"broker_url": BROKER, "redisdelay_wait_replicas": 2, "redisdelay_wait_timeout": 0.5})
+    assert (settings.wait_replicas, settings.wait_timeout) == (2, 0.5)
+
+
 def test_explicit_queue_timeout_wins() -> None:
     conf = {
         "broker_url": BROKER,
@@ -142,6 +150,8 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_shards",
         "redisdelay_cluster",
         "redisdelay_connection_options",
+        "redisdelay_wait_replicas",
+        "redisdelay_wait_timeout",
     }
 
 
