@@ -66,7 +66,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -76,7 +75,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from celery_redisdelay.testing import RedisServer, exit_on_sigterm
+from celery_redisdelay.testing import RedisServer, exit_on_sigterm, git_revision
 
 from .context import Context
 from .figures import FIGURES
@@ -129,16 +128,6 @@ def run_figure(ctx: Context, name: str) -> dict[str, Any]:
     return result
 
 
-def git_revision() -> str:
-    try:
-        done = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-    return done.stdout.strip() or "?"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     exit_on_sigterm()
@@ -168,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             "celery": version("celery"),
             "kombu": version("kombu"),
             "redis_py": version("redis"),
-            "revision": git_revision(),
+            "revision": git_revision(ROOT),
             "cpus": os.cpu_count(),
             "mem_available_bytes": mem_available_bytes(),
         },

@@ -80,6 +80,17 @@ def kill_group(process: subprocess.Popen[Any]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+def git_revision(root: Path) -> str:
+    """``git describe --always --dirty`` of ``root``, for the reports of the benchmarks and chaos runs."""
+    try:
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+    return done.stdout.strip() or "?"
+
+
 def exit_on_sigterm() -> None:
     """Make SIGTERM end the program as Ctrl-C does (SystemExit), so its ``finally`` blocks stop what it
     started; for the demo, the benchmarks and the chaos runner."""

@@ -49,7 +49,6 @@ import os
 import platform
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +65,7 @@ from redis.retry import Retry
 
 from celery_redisdelay import RedisDelay, ValidationReport, run_validation
 from celery_redisdelay.store import text
-from celery_redisdelay.testing import exit_on_sigterm
+from celery_redisdelay.testing import exit_on_sigterm, git_revision
 from celery_redisdelay.validation import CONSUMER_TASK
 
 from .analysis import Explainer, read_runs, recoveries, run_counts
@@ -165,16 +164,6 @@ def retrying_client(url: str) -> redis.Redis:
         retry=LoggedRetry(ExponentialBackoff(cap=1.0, base=0.05), 70),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
     )
-
-
-def git_revision() -> str:
-    try:
-        done = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-    return done.stdout.strip() or "?"
 
 
 class Run:
@@ -399,7 +388,7 @@ def environment(server: DurableRedis) -> dict[str, Any]:
         "celery": version("celery"),
         "kombu": version("kombu"),
         "redis_py": version("redis"),
-        "revision": git_revision(),
+        "revision": git_revision(ROOT),
         "cpus": os.cpu_count(),
     }
 

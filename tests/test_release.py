@@ -334,12 +334,19 @@ def test_tick_when_redis_goes_away_and_comes_back(own_servers: list[RedisServer]
         client.close()
 
 
+#: The two ways a release reaches a broker on another server: a pipeline of stored broker messages
+#: (the default for a Redis broker), and kombu's publish (``redisdelay_fast_release = False``).
+PUBLISH_PATHS = pytest.mark.parametrize("fast_release", [None, False], ids=["pipeline", "kombu"])
+
+
+@PUBLISH_PATHS
 def test_broker_unreachable_gives_the_claimed_calls_back(
-    redis_server: RedisServer, app_on: MakeApp, client: redis.Redis
+    redis_server: RedisServer, app_on: MakeApp, client: redis.Redis, fast_release: bool | None
 ) -> None:
     _, rd = app_on(
         f"redis://127.0.0.1:{free_port()}/0",
         redisdelay_url=f"{redis_server.url}/0",
+        redisdelay_fast_release=fast_release,
         broker_connection_retry=False,
         broker_connection_max_retries=0,
         task_publish_retry=False,
@@ -371,13 +378,15 @@ def test_broker_unreachable_gives_the_claimed_calls_back(
     }
 
 
+@PUBLISH_PATHS
 def test_broker_refusing_mid_batch_gives_back_only_the_unpublished_calls(
-    own_servers: list[RedisServer], redis_server: RedisServer, app_on: MakeApp
+    own_servers: list[RedisServer], redis_server: RedisServer, app_on: MakeApp, fast_release: bool | None
 ) -> None:
     """The broker (its own redis-server) runs out of memory part-way through a batch."""
     broker = RedisServer().start()
     own_servers.append(broker)
-    _, rd = app_on(f"{broker.url}/0", redisdelay_url=f"{redis_server.url}/0")
+    _, rd = app_on(f"{broker.url}/0", redisdelay_url=f"{redis_server.url}/0", redisdelay_fast_release=fast_release)
+    assert rd.wire_format is (fast_release is None)
     queue = queue_of(rd)
     bclient = redis.Redis.from_url(f"{broker.url}/0")
     try:
