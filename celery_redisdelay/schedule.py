@@ -1,9 +1,9 @@
 """Turning ``countdown`` / ``eta`` into a due time, following Celery's own rules.
 
 A countdown is measured by the Redis server's clock (inside the park script), so producers whose
-clocks disagree still agree on when a call is due. An eta is an absolute instant: an aware datetime
-is used as given, a naive one is read the way a Celery worker reads it (``maybe_make_aware`` with the
-app's ``timezone``).
+clocks disagree still agree on when a call is due; a negative one means now, like an eta in the past.
+An eta is an absolute instant: an aware datetime is used as given, a naive one is read the way a
+Celery worker reads it (``maybe_make_aware`` with the app's ``timezone``).
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def resolve_due(
         return Due(at_ms=math.floor(aware.timestamp() * 1000))
     if countdown is None:
         countdown = default_countdown
+    if isinstance(countdown, (int, float)) and not isinstance(countdown, bool) and -math.inf < countdown < 0:
+        # A computed delay that went slightly negative: due now, as Celery treats it (and a past eta).
+        countdown = 0
     return Due(countdown_ms=round(seconds(countdown, "countdown") * 1000))
 
 

@@ -69,7 +69,7 @@ def test_a_huge_argument_is_refused_by_the_size_limit(make_app: MakeApp, client:
     assert echo.apply_async(("x" * 5_000,), countdown=10).id  # below the limit: parked
 
 
-@pytest.mark.parametrize("countdown", [math.nan, math.inf, -math.inf, -1, "10", 101 * 365 * 24 * 3600])
+@pytest.mark.parametrize("countdown", [math.nan, math.inf, -math.inf, "10", 101 * 365 * 24 * 3600])
 def test_a_countdown_that_is_not_a_duration(rd: RedisDelay, client: redis.Redis, countdown: Any) -> None:
     before = snapshot(client, rd)
     with pytest.raises(ScheduleError, match="countdown must be"):

@@ -7,6 +7,7 @@ delay set.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -202,7 +203,7 @@ def test_reschedule_of_a_call_that_is_no_longer_parked(rd: RedisDelay) -> None:
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"countdown": -1}, {"countdown": float("nan")}, {"countdown": 1, "eta": datetime.now(UTC)}]
+    "options", [{}, {"countdown": -math.inf}, {"countdown": float("nan")}, {"countdown": 1, "eta": datetime.now(UTC)}]
 )
 def test_reschedule_refuses_a_bad_due_time(rd: RedisDelay, options: dict[str, Any]) -> None:
     task = notify(rd)
