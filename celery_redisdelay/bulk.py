@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 CHUNK = 1000
 #: Options that make each call depend on what is stored: those calls are parked one by one.
 KEYED = ("unique_key", "debounce_key")
-_SCALARS = (int, float, str, bool, type(None))
 
 
 def park_many(
@@ -67,15 +66,17 @@ def park_many(
     first = fast.render() if fast else template.encode()
     rd.check_size(template.task, len(first))
     flat: list[Any] = [first_id, first, meta]
+    given_repr = options.get("argsrepr")  # the caller's (say, to keep secrets out of logs) holds for every call
     for index, args in enumerate(every[1:], start=1):
         if check_arguments is not None:
             check_arguments(*args, **(kwargs or {}))
         call_id = rd.shards.new_id(store_of(index))
         body = _body(template, args, body_kwargs, embed, serializer)
+        shown = given_repr if given_repr is not None else argsrepr(task.app, args)
         if fast is not None:
-            stored = fast.render(call_id, body, argsrepr(args))
+            stored = fast.render(call_id, body, shown)
         else:
-            stored = _copy(template, first_id, call_id, args, body).encode()
+            stored = _copy(template, first_id, call_id, body, shown).encode()
         rd.check_size(template.task, len(stored))
         flat.extend((call_id, stored, meta))
     for start in range(0, len(flat), 3 * CHUNK):
@@ -83,12 +84,10 @@ def park_many(
     return [task.AsyncResult(flat[i]) for i in range(0, len(flat), 3)]
 
 
-def argsrepr(args: tuple[Any, ...]) -> str:
-    """Celery's ``argsrepr`` header: ``saferepr`` capped at 1024 characters (plain ``repr`` when that is
-    the same thing: a few short scalars)."""
-    if len(args) <= 8 and all(type(a) in _SCALARS and (type(a) is not str or len(a) <= 64) for a in args):
-        return repr(args)
-    return str(saferepr(args, 1024))
+def argsrepr(app: Any, args: tuple[Any, ...]) -> str:
+    """Celery's ``argsrepr`` header of a call, computed as ``app.amqp`` computes it."""
+    levels = app.conf.get("task_repr_maxlevels") or 3  # a setting of Celery 5.7; 3 before, as saferepr's default
+    return str(saferepr(args, app.amqp.argsrepr_maxsize, maxlevels=levels))
 
 
 def _body(template: Envelope, args: tuple[Any, ...], kwargs: Any, embed: Any, serializer: str) -> bytes:
@@ -102,9 +101,9 @@ def _body(template: Envelope, args: tuple[Any, ...], kwargs: Any, embed: Any, se
     return body if isinstance(body, bytes) else body.encode()
 
 
-def _copy(template: Envelope, first_id: str, call_id: str, args: tuple[Any, ...], body: bytes) -> Envelope:
+def _copy(template: Envelope, first_id: str, call_id: str, body: bytes, shown: str) -> Envelope:
     """The envelope of another call like ``template``, for the kombu path."""
-    headers = {**template.headers, "id": call_id, "argsrepr": argsrepr(args)}
+    headers = {**template.headers, "id": call_id, "argsrepr": shown}
     if headers.get("root_id") == first_id:
         headers["root_id"] = call_id
     properties = dict(template.properties)

@@ -19,9 +19,8 @@ from kombu.serialization import dumps, prepare_accept_content
 from .envelope import Envelope
 from .errors import PayloadError
 
-# Relative AMQP TTL computed from ``expires`` at call time; stale by release time. The absolute
-# ``expires`` header stays in the message and the worker honours it.
-_DROPPED_PROPERTIES = ("expiration", "mandatory", "immediate")
+# AMQP publish flags kombu takes as arguments and does not put in the message.
+_DROPPED_PROPERTIES = ("mandatory", "immediate")
 
 
 def accepted_content_types(accept_content: Any) -> frozenset[str] | None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from celery.utils import uuid
+from celery.utils.time import maybe_iso8601
 from kombu.exceptions import OperationalError
 from kombu.utils import json
 
@@ -55,6 +56,12 @@ def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
     """Publish a parked message to the broker as Celery itself would have (``send_task_message``)."""
     queues = app.amqp.queues
     declare = [queues[name] for name in envelope.queues]
+    properties = dict(envelope.properties)
+    if properties.get("expiration") is not None and envelope.headers.get("expires"):
+        # A TTL relative to now, from the absolute expiry, as Celery's send_task computes it: the one
+        # computed at the call is stale by now (and a broker such as RabbitMQ acts on it).
+        left = (maybe_iso8601(envelope.headers["expires"]) - app.now()).total_seconds()
+        properties["expiration"] = max(0.0, left)
     producer.publish(
         envelope.body,
         exchange=envelope.exchange,
@@ -66,7 +73,7 @@ def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
         delivery_mode=envelope.delivery_mode,
         retry=envelope.retry,
         retry_policy=envelope.retry_policy,
-        **envelope.properties,
+        **properties,
     )
 
 
@@ -171,7 +178,9 @@ class Releaser:
         Returns the ids pushed and the first refusal (say, the broker out of memory part-way through).
         """
         with producer.channel.conn_or_acquire() as client:
-            pipe = client.pipeline(transaction=False)
+            # kombu's own connection pool (its TLS and Sentinel settings), but not its client: with
+            # global_keyprefix that one prefixes every key, and the list names here are whole already.
+            pipe = redis.Redis(connection_pool=client.connection_pool).pipeline(transaction=False)
             for call, message in calls:
                 pipe.lpush(call.list_key, message)
             replies = pipe.execute(raise_on_error=False)

@@ -63,24 +63,21 @@ class BrokerLayout:
 
 
 def direct_queue(app: Celery, envelope: Envelope) -> str | None:
-    """The one queue a message goes to, when routing it needs no broker lookup; else None."""
-    queues = app.amqp.queues
-    if envelope.exchange == "":
-        # The default exchange (how Celery sends to a direct queue): the routing key names the queue.
-        queue = queues.get(envelope.routing_key)
-        if queue is None or (queue.queue_arguments and "x-expires" in queue.queue_arguments):
-            return None
-        return envelope.routing_key
-    for name in envelope.queues:
-        queue = queues.get(name)
-        if queue is None or queue.exchange is None or queue.no_declare:
-            continue
-        if queue.queue_arguments and "x-expires" in queue.queue_arguments:
-            return None  # kombu refreshes the list's expiry on each publish
-        kind = queue.exchange.type
-        if kind == "direct" and queue.exchange.name == envelope.exchange and queue.routing_key == envelope.routing_key:
-            return str(name)
-    return None
+    """The one list a message goes to when kombu would route it without reading Redis, else None.
+
+    That is the default (anonymous) exchange, through which Celery sends to a direct queue: kombu
+    pushes onto the list the routing key names. A named exchange is routed by kombu through the
+    bindings it keeps in the broker (other apps' queues may be bound to it), and a queue with an
+    expiry has it refreshed on every publish: both go through kombu itself.
+    """
+    if envelope.exchange != "":
+        return None
+    queue = app.amqp.queues.get(envelope.routing_key)
+    if queue is None or queue.expires is not None:
+        return None
+    if queue.queue_arguments and "x-expires" in queue.queue_arguments:
+        return None
+    return envelope.routing_key
 
 
 class Template:
@@ -103,10 +100,16 @@ class Template:
             return None
         properties: dict[str, Any] = dict(envelope.properties)
         priority = properties.pop("priority", None) or 0
+        expiration = properties.pop("expiration", None)
         if not isinstance(priority, int) or isinstance(priority, bool):
             return None
+        # In the order kombu's Producer.publish and the Redis channel add them.
         mode = envelope.delivery_mode or PERSISTENT_DELIVERY_MODE
         properties["delivery_mode"] = _DELIVERY_MODES.get(mode, mode) if isinstance(mode, str) else mode
+        if expiration is not None:
+            # As Celery computed it at the call: kombu's Redis transport keeps it as information only
+            # (the worker goes by the message's absolute ``expires`` header).
+            properties["expiration"] = str(int(expiration * 1000))
         properties["delivery_info"] = {
             **properties.get("delivery_info", {}),
             "exchange": envelope.exchange,

@@ -56,8 +56,11 @@ def released(rd: RedisDelay, client: redis.Redis, keys: list[str]) -> list[dict[
 
 def comparable(message: dict[str, Any]) -> dict[str, Any]:
     """A message minus what differs between two apps and two instants: the delivery tag, the app's
-    reply queue, the absolute expiry computed at call time (present or not, it must agree)."""
+    reply queue, the absolute expiry computed at call time and the relative one computed at publish
+    (present or not, they must agree)."""
     properties = {k: v for k, v in message["properties"].items() if k not in ("delivery_tag", "reply_to")}
+    if "expiration" in properties:
+        properties["expiration"] = True
     headers = {**message["headers"], "expires": message["headers"].get("expires") is not None}
     return {**message, "properties": properties, "headers": headers}
 
@@ -226,3 +229,94 @@ def test_a_malformed_broker_message_is_dead_lettered_and_the_release_goes_on(
     assert report["dead"] == 1
     assert fast.find(bad.id).state == "dead"  # type: ignore[union-attr]
     assert fast.find(good.id).state == "inflight"  # type: ignore[union-attr]
+
+
+# -- the released message against Celery's own publish ----------------------------------------------
+
+
+def ordered(raw: bytes) -> list[Any]:
+    """A broker message as nested (key, value) pairs in their order, with what is not the call's own
+    made comparable: the delivery tag (one per delivery), the reply queue (one per app), the expiry
+    instant (computed at call time) and the time of a given eta."""
+
+    def pairs(items: list[tuple[str, Any]]) -> list[Any]:
+        out: list[Any] = []
+        for key, value in items:
+            if key in ("delivery_tag", "reply_to"):
+                value = "<volatile>"
+            elif key == "expires" and value is not None:
+                value = "<instant>"
+            out.append([key, value])
+        return out
+
+    return json.loads(raw, object_pairs_hook=pairs)  # type: ignore[no-any-return]
+
+
+FIDELITY_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("default", {}, {}),
+    ("expires", {}, {"expires": 600}),
+    ("priority", {}, {"priority": 7}),
+    ("low priority", {}, {"priority": 2}),
+    ("queue", {}, {"queue": "q-fidelity-routed"}),
+    ("headers", {}, {"headers": {"tenant": "t1", "trace": [1, 2]}}),
+    ("link", {}, {"link": "callback", "link_error": "callback"}),
+    ("time limits", {}, {"time_limit": 30, "soft_time_limit": 20}),
+    ("argsrepr", {}, {"argsrepr": "(hidden)", "kwargsrepr": "{'y': '***'}"}),
+    ("shadow", {}, {"shadow": "shadowed.name"}),
+    ("compression", {}, {"compression": "zlib"}),
+    ("pickle", {"task_serializer": "pickle", "accept_content": ["json", "pickle"]}, {"args": ({1, 2}, b"\xff")}),
+    ("transient", {}, {"delivery_mode": 1}),
+    ("keyprefix", {"broker_transport_options": {"global_keyprefix": "pfx:"}}, {}),
+]
+
+
+@pytest.mark.parametrize("store", ["same database", "other database"])
+@pytest.mark.parametrize(("name", "conf", "options"), FIDELITY_CASES, ids=[case[0] for case in FIDELITY_CASES])
+def test_a_released_call_is_the_message_celery_publishes(
+    redis_server: Any, client: redis.Redis, store: str, name: str, conf: dict[str, Any], options: dict[str, Any]
+) -> None:
+    """The same call published by a plain ``@app.task`` through kombu's own Redis channel, and parked by
+    ``@rd.delayed`` (countdown 0) then released: what lands in the broker list is the same, byte order
+    of the JSON included, but for the delivery tag and the app's reply queue."""
+    queue = f"q-fidelity-{uuid.uuid4().hex[:8]}"
+    common = {"task_default_queue": queue, "task_create_missing_queues": True, **conf}
+    plain_app = Celery("plain", broker=f"{redis_server.url}/0", set_as_current=False)
+    plain_app.conf.update(common)
+    ours_app = Celery("ours", broker=f"{redis_server.url}/0", set_as_current=False)
+    ours_app.conf.update(common, redisdelay_key_prefix=f"fidelity-{uuid.uuid4().hex[:8]}")
+    if store == "other database":
+        ours_app.conf.redisdelay_url = f"{redis_server.url}/3"
+    rd = RedisDelay(ours_app)
+    try:
+
+        @plain_app.task(name="tests.wire.same", shared=False)
+        def plain(x: Any, y: Any = None) -> None: ...
+
+        @rd.delayed(name="tests.wire.same")
+        def delayed(x: Any, y: Any = None) -> None: ...
+
+        @plain_app.task(name="callback", shared=False)
+        def callback(*args: Any) -> None: ...
+
+        options = dict(options)
+        args = options.pop("args", (1,))
+        kwargs = {"y": [3]} if len(args) == 1 else {}
+        for link in ("link", "link_error"):
+            if link in options:
+                options[link] = callback.s("linked")
+        layout = BrokerLayout(global_keyprefix=(conf.get("broker_transport_options") or {}).get("global_keyprefix", ""))
+        lists = [layout.list_key(options.get("queue", queue), step) for step in layout.priority_steps]
+        before = {key: client.llen(key) for key in lists}
+        plain.apply_async(args, kwargs, task_id="the-call", **options)
+        [celery_list] = [key for key in lists if client.llen(key) > before[key]]
+        celery_message = client.lpop(celery_list)
+        assert delayed.apply_async(args, kwargs, task_id="the-call", countdown=0, **options).id == "the-call"
+        assert rd.tick()["released"] == 1
+        [our_list] = [key for key in lists if client.llen(key) > before[key]]
+        our_message = client.lpop(our_list)
+        assert our_list == celery_list
+        assert ordered(our_message) == ordered(celery_message)  # type: ignore[arg-type]
+        assert (rd.fast_release, rd.wire_format) == (store == "same database", True)
+    finally:
+        plain_app.close()
+        ours_app.close()
