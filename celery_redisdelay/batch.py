@@ -62,7 +62,7 @@ class BatchCall:
                 f"batched task {self.task!r} is not registered in this app; import its module in the "
                 "worker that runs the tick, then requeue the call"
             )
-        app.send_task(
+        task.redisdelay.celery_send_task(
             self.task, args=(self.key, self.items), task_id=call_id, producer=producer, **task.routing_options
         )
 

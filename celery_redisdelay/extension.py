@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from collections.abc import Callable, Iterator
@@ -10,11 +11,11 @@ from functools import cached_property
 from typing import Any, TypeVar, overload
 
 import redis
-from celery import Celery, signals
+from celery import Celery, Task, signals
 from redis.sentinel import SentinelConnectionPool
 
-from . import tracking, wire
-from .batch import BatchedTask, check_batch_options
+from . import batch, tracking, wire
+from .batch import check_batch_options
 from .connection import connect, is_cluster
 from .envelope import Envelope
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
@@ -23,11 +24,13 @@ from .locks import Lock
 from .precise import PreciseReleaseStep
 from .producer import ParkingProducer, accepted_content_types
 from .release import Releaser, TickReport, tick_all
+from .revocation import announce_revoked
 from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
 from .shards import ShardSet
 from .store import CallStore, Entry, merged_pages, redis_errors, text
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
+from .tracking import DurableRevokeStep
 from .validation import register_validation_tasks
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,7 @@ logger = logging.getLogger(__name__)
 TICK_TASK = "redisdelay.tick"
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T", bound=DelayedTask)
 
 _EXTENSIONS: weakref.WeakKeyDictionary[Celery, RedisDelay] = weakref.WeakKeyDictionary()
 
@@ -64,6 +68,25 @@ def broker_is_store(app: Any, client: redis.Redis) -> bool:
         connection.release()
 
 
+def check_task_id(task_id: object, argument: str = "task_id") -> None:
+    """Refuse an id that is not a string, naming the argument (a Celery task id is a string)."""
+    if not isinstance(task_id, str):
+        raise TypeError(f"{argument} must be a string (a Celery task id), not {task_id!r}")
+
+
+def check_protocol(conf: Any) -> None:
+    """Refuse Celery's task message protocol 1: its countdown cannot be taken out of the message.
+
+    Before the app is configured, ``conf`` is what was set so far (Celery's ``app._preconf``): reading
+    ``app.conf`` then would load the configuration before the user is done with it."""
+    protocol = conf.get("task_protocol") or 2
+    if protocol != 2:
+        raise ConfigurationError(
+            f"task_protocol = {protocol!r}: celery-redisdelay needs Celery's task message protocol 2 (the default); "
+            "remove the task_protocol setting"
+        )
+
+
 class RedisDelay:
     """celery-redisdelay for one Celery app.
 
@@ -77,9 +100,14 @@ class RedisDelay:
             raise RedisDelayError(f"RedisDelay is already bound to app {app.main!r}; use RedisDelay.of(app)")
         _EXTENSIONS[app] = self
         self.app: Any = app
-        self.Task: type[DelayedTask] = type("DelayedTask", (DelayedTask,), {"redisdelay": self})
-        self.BatchedTask: type[BatchedTask] = type("BatchedTask", (BatchedTask,), {"redisdelay": self})
         self._releasers: dict[str, Releaser] = {}
+        self._task_names: set[str] = set()  # the names of this extension's tasks
+        check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
+        # Calls by name (app.send_task) to a delayed task of this app are parked too; Celery's own
+        # send_task stays here for publishing at once (a released batch).
+        self.celery_send_task: Callable[..., Any] = app.send_task
+        self._send_task_signature = inspect.signature(app.send_task)
+        app.send_task = self.send_task
 
         def tick() -> dict[str, int]:
             return self.tick()
@@ -88,12 +116,18 @@ class RedisDelay:
         register_validation_tasks(self)
         tracking.connect(self)
         app.steps["worker"].add(PreciseReleaseStep)
+        app.steps["worker"].add(DurableRevokeStep)
         if app.configured:
             self._install_schedule(app.conf)
         app.on_after_configure.connect(self._on_configured, weak=False)
         signals.beat_init.connect(self._on_beat_init, weak=False)
         signals.worker_ready.connect(self._warn_about_server, weak=False)
         signals.beat_init.connect(self._warn_about_server, weak=False)
+
+    @classmethod
+    def registered(cls, app: Any) -> RedisDelay | None:
+        """The extension bound to ``app``, or None."""
+        return _EXTENSIONS.get(app) if app is not None else None
 
     @classmethod
     def of(cls, app: Celery) -> RedisDelay:
@@ -109,6 +143,7 @@ class RedisDelay:
 
     @cached_property
     def settings(self) -> Settings:
+        check_protocol(self.app.conf)
         return Settings.from_conf(self.app.conf)
 
     @cached_property
@@ -207,6 +242,11 @@ class RedisDelay:
     def _on_configured(self, sender: Any = None, source: Any = None, **_: Any) -> None:
         if sender is self.app and source is not None:
             self._install_schedule(source)
+            try:
+                check_protocol(source)
+            except ConfigurationError as exc:
+                # Celery logs and swallows errors of this signal; parking raises it again.
+                logger.error("redisdelay: %s", exc)
 
     def _on_beat_init(self, sender: Any = None, **_: Any) -> None:
         beat_app: Any = getattr(sender, "app", None)
@@ -221,6 +261,20 @@ class RedisDelay:
         conf["beat_schedule"] = schedule
 
     # -- the decorator -------------------------------------------------------------------------
+
+    @cached_property
+    def Task(self) -> type[DelayedTask]:
+        """The base class of this extension's delayed tasks: :class:`DelayedTask` over the app's own
+        task class (``app.Task``: the ``task_cls`` of the app, Django's ``DjangoTask`` under its fixup)."""
+        return self._task_class(DelayedTask)
+
+    @cached_property
+    def BatchedTask(self) -> type[batch.BatchedTask]:
+        """The base class of this extension's batched tasks, over the app's own task class too."""
+        return self._task_class(batch.BatchedTask)
+
+    def _task_class(self, kind: type[T]) -> type[T]:
+        return type(kind.__name__, (kind, self.app.Task), {"redisdelay": self, "__module__": kind.__module__})
 
     @overload
     def delayed(self, fun: F) -> DelayedTask: ...
@@ -241,12 +295,12 @@ class RedisDelay:
         return decorate(fun) if fun is not None else decorate
 
     @overload
-    def batched(self, fun: F) -> BatchedTask: ...
+    def batched(self, fun: F) -> batch.BatchedTask: ...
 
     @overload
     def batched(
         self, fun: None = None, *, size: int = 10, max_wait: float = 60.0, **options: Any
-    ) -> Callable[[F], BatchedTask]: ...
+    ) -> Callable[[F], batch.BatchedTask]: ...
 
     def batched(self, fun: F | None = None, *, size: int = 10, max_wait: float = 60.0, **options: Any) -> Any:
         """Make a task called with a key and the items gathered under it: ``@rd.batched(size=10, max_wait=240)``.
@@ -262,24 +316,55 @@ class RedisDelay:
     def _decorator(self, base: type[DelayedTask], options: dict[str, Any]) -> Callable[[F], Any]:
         routing = {key: options.pop(key) for key in ROUTING_OPTIONS if key in options}
         task_options = {_OPTION_ATTRIBUTES.get(key, key): value for key, value in options.items()}
-        task_options.setdefault("base", base)
+        task_options["base"] = self._base(base, task_options.get("base"))
         # A delayed task parks through this extension: it must not be copied into other apps.
         task_options.setdefault("shared", False)
         if routing:
             task_options["routing_options"] = routing
-        if not issubclass(task_options["base"], base):
-            raise RedisDelayError(f"base={task_options['base']!r} must be a subclass of {base.__name__}")
 
         def decorate(function: F) -> Any:
             # Checked here: app.task may return a lazy proxy that builds the task class later.
             check_lock_options(function, task_options)
-            if issubclass(task_options["base"], BatchedTask):
+            if issubclass(task_options["base"], batch.BatchedTask):
                 check_batch_options(function, task_options)
+            # The name Celery will give it (``_task_from_fun``), known now so that send_task can tell a
+            # call to it without binding every pending task of the app.
+            self._task_names.add(
+                task_options.get("name") or self.app.gen_task_name(function.__name__, function.__module__)
+            )
             return self.app.task(**task_options)(function)
 
         return decorate
 
+    def _base(self, ours: type[DelayedTask], given: Any) -> type[DelayedTask]:
+        """The class a decorated task derives from: ours, or a task class of the user's over ours (so
+        ``@rd.delayed(base=MyTask)`` keeps MyTask's hooks, as ``@app.task(base=MyTask)`` would)."""
+        if given is None or (isinstance(given, type) and issubclass(ours, given)):
+            return ours  # no base, or one ours derives from already (celery.Task, app.Task)
+        if not (isinstance(given, type) and issubclass(given, Task)):
+            raise ConfigurationError(f"base={given!r} must be a Celery task class")
+        if issubclass(given, ours):
+            return given
+        if issubclass(given, DelayedTask):
+            raise ConfigurationError(f"base={given!r} is a task class of another kind or another RedisDelay")
+        try:
+            return type(given.__name__, (given, ours), {"__module__": given.__module__})
+        except TypeError as exc:
+            raise ConfigurationError(f"base={given!r} cannot be combined with {ours.__name__}: {exc}") from exc
+
     # -- parking -------------------------------------------------------------------------------
+
+    def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """``app.send_task`` of this app: a call by name to one of its delayed tasks is parked as
+        ``task.apply_async`` would park it (the message is still the one ``send_task`` builds); any
+        other call is Celery's own."""
+        task = self.app.tasks.get(name) if name in self._task_names else None
+        if not isinstance(task, DelayedTask) or task.redisdelay is not self:
+            return self.celery_send_task(name, *args, **kwargs)
+        given = self._send_task_signature.bind(name, *args, **kwargs).arguments
+        if isinstance(given.get("producer") or given.get("publisher"), ParkingProducer):
+            return self.celery_send_task(name, *args, **kwargs)
+        return task.park_sent(given, self.celery_send_task)
 
     @contextmanager
     def parking_producer(
@@ -401,11 +486,24 @@ class RedisDelay:
     # -- operations ----------------------------------------------------------------------------
 
     def cancel(self, task_id: str) -> bool:
-        """Drop a call that is still parked; False when it was already released, finished or unknown."""
-        return self.shards.first(task_id, lambda store: store.cancel(task_id))
+        """Drop a call that is still parked and record it as Celery records a revoked task: the result
+        ``REVOKED`` (``AsyncResult.get()`` raises ``TaskRevokedError``), a ``task-revoked`` event where
+        task events are on. False when it was already released, finished or unknown."""
+        check_task_id(task_id)
+        dropped = self.shards.first(task_id, lambda store: store.cancel(task_id))
+        if dropped is None:
+            return False
+        try:
+            announce_revoked(self, task_id, dropped.payload)
+        except Exception as exc:
+            raise RedisDelayError(
+                f"call {task_id} was cancelled (it will not run), but its result could not be marked revoked: {exc!r}"
+            ) from exc
+        return True
 
     def reschedule(self, task_id: str, *, countdown: float | None = None, eta: Any = None) -> bool:
         """Move a parked call to ``countdown`` seconds from now or to ``eta``; False when it is no longer parked."""
+        check_task_id(task_id)
         if countdown is None and eta is None:
             raise ScheduleError("reschedule needs countdown or eta")
         due = resolve_due(countdown, eta, timezone=self.app.conf.timezone)
@@ -425,6 +523,7 @@ class RedisDelay:
 
     def requeue(self, task_id: str) -> bool:
         """Give a dead-lettered call a fresh start, due now; False when it is not dead-lettered."""
+        check_task_id(task_id)
         status = self.shards.first(task_id, lambda store: store.requeue(task_id))
         if status < 0:
             raise RedisDelayError(f"call {task_id} has no payload left to run; it stays dead-lettered")
@@ -437,6 +536,7 @@ class RedisDelay:
 
     def find(self, task_id: str) -> Entry | None:
         """Where a call is (delayed, inflight or dead) with its metadata, or None."""
+        check_task_id(task_id)
         return self.shards.first(task_id, lambda store: store.find(task_id))
 
     def dead_letters(self, limit: int = 100, offset: int = 0) -> list[Entry]:

@@ -26,6 +26,9 @@ TOTALS = {
     "swept": ("swept", "In-flight calls past their deadline put back for another delivery."),
     "dead_lettered": ("dead_lettered", "Calls moved to the dead-letter set."),
     "acked": ("acknowledged", "Calls acknowledged by a worker (finished)."),
+    "revoked": ("revoked", "Released calls a worker discarded unrun because they were revoked."),
+    "expired": ("expired", "Released calls a worker discarded unrun because their expires had passed."),
+    "cancelled": ("cancelled", "Parked calls dropped by cancel, or by a worker that heard their revoke."),
     "batches_flushed": ("batches_flushed", "Batch groups turned into one call."),
     "lock_deferrals": ("lock_deferrals", "Calls deferred because their lock was busy."),
 }

@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.cluster import RedisCluster
@@ -29,6 +29,15 @@ STATES = ("delayed", "inflight", "dead")
 
 #: ``park_keyed`` statuses.
 STORED, KEPT, CONFLICT = 1, 0, -1
+#: How a tracked call can end (``ack``), each counted in the ``counters`` hash: run by a worker, or
+#: discarded unrun by a worker because it was revoked or had expired.
+OUTCOMES = ("acked", "revoked", "expired")
+
+
+class Cancelled(NamedTuple):
+    """A call dropped from the delay set, with the payload it held."""
+
+    payload: bytes
 
 
 @dataclass(frozen=True)
@@ -229,8 +238,11 @@ class CallStore:
     def touch(self, call_id: str, timeout_ms: int) -> bool:
         return bool(self._run("touch", [call_id, timeout_ms], f"extend the deadline of call {call_id}"))
 
-    def ack(self, call_id: str) -> bool:
-        return bool(self._run("ack", [call_id], f"acknowledge call {call_id}"))
+    def ack(self, call_id: str, outcome: str = "acked") -> bool:
+        """Forget a finished call, counting how it ended (one of :data:`OUTCOMES`); False when not tracked."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
+        return bool(self._run("ack", [call_id, outcome], f"acknowledge call {call_id}"))
 
     def sweep(self, limit: int, max_deliveries: int) -> tuple[int, int]:
         requeued, buried = self._run("sweep", [limit, max_deliveries], "sweep timed-out calls")
@@ -241,8 +253,10 @@ class CallStore:
         flag = "1" if only_inflight else "0"
         return bool(self._run("bury", [call_id, reason, flag], f"dead-letter call {call_id}"))
 
-    def cancel(self, call_id: str) -> bool:
-        return bool(self._run("cancel", [call_id], f"cancel call {call_id}"))
+    def cancel(self, call_id: str) -> Cancelled | None:
+        """Drop a parked call: what it held (its payload), or None when it was not parked."""
+        status, *payload = self._run("cancel", [call_id], f"cancel call {call_id}")
+        return Cancelled(payload[0]) if int(status) else None
 
     def requeue(self, call_id: str) -> int:
         return int(self._run("requeue", [call_id], f"requeue call {call_id}"))

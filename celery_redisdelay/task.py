@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 import logging
 import string
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from celery import Task
 from celery.result import AsyncResult
@@ -71,6 +71,16 @@ def check_lock_options(function: Any, options: dict[str, Any]) -> None:
         raise ConfigurationError(f"lock template {template!r} of {name} cannot be filled by any call: {exc!r}") from exc
 
 
+class CallOptions(NamedTuple):
+    """A call's options of this package: the limits stored with it, its unique/debounce mode and key
+    (``""`` for none), the name of the lock it holds (None for none)."""
+
+    limits: dict[str, Any]
+    mode: str
+    key: str
+    lock_name: str | None
+
+
 class _StandIn:
     """An argument value for checking a lock template: every attribute, item and format spec fits."""
 
@@ -108,6 +118,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     lock: ClassVar[str | None] = None
     lock_timeout: ClassVar[float] = 60.0
     lock_retry: ClassVar[float] = 5.0
+    #: On a worker: Celery's request class, which also acknowledges a run its hard time limit ended.
+    Request = "celery_redisdelay.request:TrackedRequest"
 
     def apply_async(
         self,
@@ -120,15 +132,30 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         shadow: str | None = None,
         **options: Any,
     ) -> AsyncResult:
-        capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
-        limits = self._limits({name: options.pop(name, None) for name in CALL_OPTIONS})
-        mode, key = self._key_option({name: options.pop(name, None) for name in KEY_OPTIONS})
-        app = self._get_app()
-        # A template the arguments cannot fill fails here.
-        lock_name = self.lock_name(args or (), kwargs or {}) if self.lock is not None else None
-        if app.conf.task_always_eager:
+        """Park the call in Redis until it is due (Celery's ``apply_async``, with the same options)."""
+
+        def build(call_id: str, parking: Any, rest: dict[str, Any]) -> None:
+            super(DelayedTask, self).apply_async(args, kwargs, call_id, parking, link, link_error, shadow, **rest)
+
+        if self._get_app().conf.task_always_eager:
+            self._call_options(args, kwargs, options)  # checked as when parking, then dropped
             # Eager mode runs the call at once, as Celery does for any task.
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
+        return self.park(args, kwargs, task_id, options, build)
+
+    def park(
+        self,
+        args: Any,
+        kwargs: Any,
+        task_id: str | None,
+        options: dict[str, Any],
+        build: Callable[[str, Any, dict[str, Any]], None],
+    ) -> AsyncResult:
+        """Park a call: ``build(call_id, producer, options)`` makes Celery build and publish its message
+        through the parking producer (``apply_async`` and ``app.send_task`` each pass their own)."""
+        capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
+        limits, mode, key, lock_name = self._call_options(args, kwargs, options)
+        app = self._get_app()
         for name, value in self.routing_options.items():
             options.setdefault(name, value)
         due = resolve_due(
@@ -141,9 +168,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         def send(call_id: str) -> tuple[int, str]:
             with self.redisdelay.parking_producer(call_id, due, limits, mode, key, capture) as parking:
                 try:
-                    super(DelayedTask, self).apply_async(
-                        args, kwargs, call_id, parking, link, link_error, shadow, **options
-                    )
+                    build(call_id, parking, dict(options))
                 except OperationalError as exc:
                     # Celery's send_task wraps connection errors in kombu's; the caller should see ours.
                     if isinstance(exc.__cause__, StoreUnavailableError):
@@ -182,6 +207,34 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                 f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
             )
         return self.AsyncResult(send(task_id or fresh())[1])
+
+    def park_sent(self, given: dict[str, Any], send_task: Callable[..., Any]) -> AsyncResult:
+        """Park a call made by name, ``app.send_task(self.name, ...)``: ``given`` are the arguments of
+        that call as bound to ``send_task``'s signature, ``send_task`` is Celery's own."""
+        given = dict(given)
+        options = dict(given.pop("options", None) or {})
+        for ours in ("name", "producer", "publisher", "connection", "task_type"):
+            given.pop(ours, None)  # the parking producer replaces any producer or connection given
+        args, kwargs = given.pop("args", None), given.pop("kwargs", None)
+        task_id, result_cls = given.pop("task_id", None), given.pop("result_cls", None)
+        options.update(given)
+
+        def build(call_id: str, parking: Any, rest: dict[str, Any]) -> None:
+            send_task(self.name, args, kwargs, task_id=call_id, producer=parking, **rest)
+
+        parked = self.park(args, kwargs, task_id, options, build)
+        return parked if result_cls is None else result_cls(parked.id)
+
+    def _call_options(
+        self, args: Any, kwargs: Any, options: dict[str, Any]
+    ) -> tuple[dict[str, Any], str, str, str | None]:
+        """Take this package's own options out of a call's ``options`` and check them with the call:
+        (the limits stored with it, unique/debounce mode and key, the name of the lock it holds)."""
+        limits = self._limits({name: options.pop(name, None) for name in CALL_OPTIONS})
+        mode, key = self._key_option({name: options.pop(name, None) for name in KEY_OPTIONS})
+        # A template the arguments cannot fill fails here.
+        lock_name = self.lock_name(args or (), kwargs or {}) if self.lock is not None else None
+        return limits, mode, key, lock_name
 
     def park_many(self, calls: Iterable[Sequence[Any]], kwargs: Any = None, **options: Any) -> list[AsyncResult]:
         """Park one call per item of ``calls`` (each an args tuple, as for ``starmap``), all with the same

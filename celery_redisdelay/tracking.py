@@ -1,8 +1,15 @@
 """The worker side: a call's run deadline starts when a worker starts it; it is acknowledged when done.
 
-Hooked through Celery's ``task_prerun`` / ``task_postrun`` signals, which fire in the process that
-runs the task. A failure to reach Redis here never fails the task: the call stays in flight and the
-sweep delivers it again (at-least-once).
+Hooked through Celery's signals: ``task_prerun`` / ``task_postrun`` in the process that runs the task;
+``task_failure`` for a pool process that died (recorded by the worker's main process);
+``task_revoked`` when a worker discards a revoked or expired message; and a run killed by its hard
+time limit through the delayed tasks' request class (:mod:`celery_redisdelay.request`). A call is
+acknowledged when Celery considers it finished, and only then. A failure to reach Redis here never
+fails the task: the call stays in flight and the sweep delivers it again (at-least-once).
+
+A worker also makes a ``revoke`` durable for parked calls: when the broadcast arrives, the call is
+dropped from the delay set (Celery keeps revoked ids in worker memory only, for three hours, and a
+parked call may wait longer than that).
 """
 
 from __future__ import annotations
@@ -11,8 +18,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from celery import signals
+from billiard.exceptions import WorkerLostError
+from celery import bootsteps, signals
 from celery.states import IGNORED, REJECTED, RETRY
+from celery.utils.functional import maybe_list
 
 from .errors import Abandon, Deferred, RedisDelayError
 
@@ -38,6 +47,19 @@ def finishes_call(state: str, retval: Any) -> bool:
     return True
 
 
+def acknowledge(rd: RedisDelay, task_id: str, outcome: str = "acked") -> None:
+    """Stop tracking a finished call, counting how it ended; retried a little, then left to the sweep."""
+    for attempt in range(1, ACK_ATTEMPTS + 1):
+        try:
+            rd.shards.first(task_id, lambda store: store.ack(task_id, outcome))
+            return
+        except RedisDelayError as exc:
+            if attempt == ACK_ATTEMPTS:
+                logger.error("redisdelay: could not acknowledge call %s; it will run again: %s", task_id, exc)
+            else:
+                time.sleep(ACK_BACKOFF_SECONDS[attempt - 1])
+
+
 def connect(rd: RedisDelay) -> None:
     """Connect ``rd``'s handlers; each ignores tasks that are not ``rd``'s delayed tasks."""
 
@@ -56,17 +78,23 @@ def connect(rd: RedisDelay) -> None:
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
     ) -> None:
-        if task_id is None or state is None or not owns(sender) or not finishes_call(state, retval):
-            return
-        for attempt in range(1, ACK_ATTEMPTS + 1):
-            try:
-                rd.shards.first(task_id, lambda store: store.ack(task_id))
-                return
-            except RedisDelayError as exc:
-                if attempt == ACK_ATTEMPTS:
-                    logger.error("redisdelay: could not acknowledge call %s; it will run again: %s", task_id, exc)
-                else:
-                    time.sleep(ACK_BACKOFF_SECONDS[attempt - 1])
+        if task_id is not None and state is not None and owns(sender) and finishes_call(state, retval):
+            acknowledge(rd, task_id)
+
+    def on_failure(sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any) -> None:
+        # A pool process that died (WorkerLostError): the worker's main process records the failure and
+        # sends this signal, unless task_reject_on_worker_lost requeued the message or the task retried.
+        # Celery will not run the call again, so neither do we. (Failures raised by the task itself are
+        # acknowledged by task_postrun, in the pool process.)
+        if task_id is not None and isinstance(exception, WorkerLostError) and owns(sender):
+            acknowledge(rd, task_id)
+
+    def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+        # A worker discarded the message unrun (revoked, or past its expires), or terminated its run;
+        # Celery has marked the result REVOKED. Stop tracking the call, or the sweep would send it again.
+        call_id = getattr(request, "id", None)
+        if call_id is not None and getattr(sender, "redisdelay", None) is rd:
+            acknowledge(rd, call_id, "expired" if expired else "revoked")
 
     def on_unknown(sender: Any = None, name: str | None = None, id: str | None = None, **_: Any) -> None:
         # Celery discards a message for a task this worker does not know; a call of ours would only
@@ -82,4 +110,55 @@ def connect(rd: RedisDelay) -> None:
 
     signals.task_prerun.connect(on_prerun, weak=False)
     signals.task_postrun.connect(on_postrun, weak=False)
+    signals.task_failure.connect(on_failure, weak=False)
+    signals.task_revoked.connect(on_revoked, weak=False)
     signals.task_unknown.connect(on_unknown, weak=False)
+
+
+def drop_revoked(rd: RedisDelay, task_ids: list[str]) -> int:
+    """Drop revoked calls that are still parked and record them revoked; how many were parked."""
+    return sum(rd.cancel(task_id) for task_id in task_ids)
+
+
+def make_revokes_durable() -> None:
+    """Wrap the worker's ``revoke`` remote-control command (once per process): after Celery's own
+    handling, calls of an app with celery-redisdelay that are still parked are dropped for good.
+
+    Celery looks its control commands up in the registry ``Panel.data`` when a broadcast arrives; the
+    wrapper stays there for the life of the worker process and defers to Celery's handler first.
+    """
+    from celery.worker.control import Panel
+
+    original = Panel.data["revoke"]
+    if getattr(original, "redisdelay_wrapped", False):
+        return
+
+    def revoke(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = original(state, task_id, *args, **kwargs)
+        from .extension import RedisDelay
+
+        rd = RedisDelay.registered(getattr(state, "app", None))
+        if rd is not None:
+            ids = [str(one) for one in maybe_list(task_id) or []]
+            try:
+                dropped = drop_revoked(rd, ids)
+            except Exception as exc:  # noqa: BLE001 - the worker's revoke has happened; the release discards it
+                logger.warning("redisdelay: could not drop revoked calls %s from the delay set: %r", ids, exc)
+            else:
+                if dropped:
+                    logger.info("redisdelay: dropped %d revoked parked call(s): %s", dropped, ", ".join(ids))
+        return reply
+
+    revoke.redisdelay_wrapped = True  # type: ignore[attr-defined]
+    revoke.__doc__ = original.__doc__
+    Panel.data["revoke"] = revoke
+
+
+class DurableRevokeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
+    """A worker step that makes ``revoke`` durable for parked calls (see :func:`make_revokes_durable`)."""
+
+    label = "redisdelay revokes"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        make_revokes_durable()

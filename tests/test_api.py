@@ -7,6 +7,7 @@ that is parked must be in the store and nowhere in the broker.
 from __future__ import annotations
 
 import gc
+import json
 import math
 import uuid
 import warnings
@@ -32,7 +33,6 @@ from celery_redisdelay import (
     DelayedTask,
     PayloadError,
     RedisDelay,
-    RedisDelayError,
     ScheduleError,
     StoreUnavailableError,
 )
@@ -174,9 +174,27 @@ def test_task_routes_route_the_stored_message(make_app: MakeApp, client: redis.R
     assert broker_keys(client, "q-routed-test-api") == []
 
 
-def test_decorator_refuses_a_base_that_is_not_a_delayed_task(rd: RedisDelay) -> None:
-    with pytest.raises(RedisDelayError, match="must be a subclass of DelayedTask"):
-        rd.delayed(base=celery.Task)
+def test_a_base_task_class_of_the_users_keeps_its_hooks_under_ours(rd: RedisDelay) -> None:
+    class Audited(celery.Task):  # type: ignore[misc]
+        audited = True
+
+        def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None: ...
+
+    @rd.delayed(base=Audited)
+    def api_audited(x: int) -> int:
+        return x
+
+    task_class = api_audited.__class__
+    assert issubclass(task_class, Audited) and issubclass(task_class, rd.Task)
+    assert task_class.on_success is Audited.on_success
+    assert api_audited.apply_async((1,), countdown=30).id in {e.id for e in rd.store.entries("delayed")}
+
+    @rd.delayed(base=celery.Task)  # a base ours derives from already
+    def api_plain_base() -> None: ...
+
+    assert api_plain_base.__class__.__mro__[1] is rd.Task
+    with pytest.raises(ConfigurationError, match="must be a Celery task class"):
+        rd.delayed(base=dict)(lambda: None)
 
 
 def test_internal_tasks_are_registered(rd: RedisDelay) -> None:
@@ -338,6 +356,18 @@ def test_iso_string_eta(make_app: MakeApp) -> None:
     assert parked(rd, naive.id).score_ms == epoch_ms(expected)
 
 
+def test_a_negative_countdown_is_due_now_like_a_past_eta(rd: RedisDelay) -> None:
+    @rd.delayed
+    def api_negative(x: int) -> int:
+        return x
+
+    now_ms = rd.store.client.time()[0] * 1000
+    result = api_negative.apply_async((1,), countdown=-0.2)  # a computed delay that went slightly negative
+    assert now_ms <= parked(rd, result.id).score_ms <= now_ms + 2000
+    assert rd.stats()["due"] == 1
+    assert rd.reschedule(result.id, countdown=-5)
+
+
 def test_past_eta_parks_the_call_as_due(rd: RedisDelay) -> None:
     @rd.delayed
     def api_past_eta(x: int) -> int:
@@ -357,7 +387,7 @@ def test_past_eta_parks_the_call_as_due(rd: RedisDelay) -> None:
     [
         pytest.param({"countdown": math.nan}, id="nan"),
         pytest.param({"countdown": math.inf}, id="inf"),
-        pytest.param({"countdown": -1}, id="negative"),
+        pytest.param({"countdown": -math.inf}, id="negative-infinite"),
         pytest.param({"countdown": "10"}, id="string"),
         pytest.param({"countdown": True}, id="bool"),
         pytest.param({"countdown": 5, "eta": datetime(2031, 1, 1, tzinfo=UTC)}, id="countdown-and-eta"),
@@ -434,19 +464,29 @@ def test_bad_per_call_max_deliveries_stores_nothing(rd: RedisDelay) -> None:
 # -- what the stored message keeps --------------------------------------------------------------
 
 
-def test_expires_becomes_an_absolute_header_without_expiration_property(rd: RedisDelay) -> None:
+def test_expires_is_kept_absolute_and_the_ttl_is_recomputed_when_kombu_publishes(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    app, rd = make_app(redisdelay_fast_release=False)
+
     @rd.delayed
     def api_expires(x: int) -> int:
         return x
 
     before = datetime.now(UTC)
-    result = api_expires.apply_async((1,), countdown=30, expires=60)
+    result = api_expires.apply_async((1,), countdown=0, expires=60)
     after = datetime.now(UTC)
     envelope = envelope_of(rd, result.id)
     expires = datetime.fromisoformat(envelope.headers["expires"])
     assert expires.tzinfo is not None
     assert before + timedelta(seconds=60) <= expires <= after + timedelta(seconds=60)
-    assert "expiration" not in envelope.properties
+    assert envelope.properties["expiration"] == 60, "stored as Celery computed it at the call"
+    assert rd.tick()["released"] == 1
+    [published] = [json.loads(m) for m in client.lrange(app.conf.task_default_queue, 0, -1)]
+    left_ms = (expires - datetime.now(UTC)).total_seconds() * 1000
+    assert left_ms - 1000 <= int(published["properties"]["expiration"]) <= left_ms + 1000, (
+        "a TTL from the absolute expiry, computed when the message is published"
+    )
 
 
 def test_custom_headers_and_priority_are_kept(rd: RedisDelay) -> None:

@@ -52,6 +52,9 @@ def test_totals_count_each_change_once(make_app: MakeApp, client: redis.Redis, f
     for call_id in ids[4:6]:  # out of deliveries: the sweep dead-letters them
         store = rd.shards.home(call_id)
         client.zadd(store.keys.inflight, {call_id: 0})
+    for call_id, outcome in ((ids[6], "revoked"), (ids[7], "expired")):  # discarded unrun by a worker
+        assert rd.shards.first(call_id, lambda store, i=call_id, o=outcome: store.ack(i, o))
+    assert rd.cancel(echo.apply_async((10,), countdown=3600).id)
     rd.tick()
     shot = snapshot(rd)
     assert shot.totals == {
@@ -59,10 +62,13 @@ def test_totals_count_each_change_once(make_app: MakeApp, client: redis.Redis, f
         "swept": 0,
         "dead_lettered": 2,
         "acked": 4,
+        "revoked": 1,
+        "expired": 1,
+        "cancelled": 1,
         "batches_flushed": 0,
         "lock_deferrals": 0,
     }
-    assert shot.states["inflight"] == 4 and shot.states["dead"] == 2
+    assert shot.states["inflight"] == 2 and shot.states["dead"] == 2
     cumulative = dict(shot.lateness_buckets)
     # Lateness is measured from each due time to the release, so each call is at least as late as set.
     assert cumulative[float("inf")] == 10

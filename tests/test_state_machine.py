@@ -384,8 +384,10 @@ class StoreMachine(RuleBasedStateMachine):
     def cancel(self, data: st.DataObject) -> None:
         call_id = self.draw_id(data, is_delayed)
         call = self.in_state(call_id, "delayed")
-        assert self.store.cancel(call_id) is (call is not None)
+        dropped = self.store.cancel(call_id)
+        assert (dropped is not None) is (call is not None)
         if call is not None:
+            assert dropped is not None and dropped.payload == call.payload, "cancel returns what the call held"
             self.forget(call_id, call, "cancelled")
 
     @precondition(lambda self: self.any_call(is_delayed))

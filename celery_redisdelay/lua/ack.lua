@@ -1,5 +1,8 @@
--- ack.lua: a worker finished the call; forget it. A redelivery the sweep had scheduled is dropped too.
--- ARGV: 1 id
+-- ack.lua: the call is finished as Celery sees it; forget it. A redelivery the sweep had scheduled is
+-- dropped too. How it ended is counted: 'acked' (a worker ran it to an end: success, a failure Celery
+-- does not retry, Ignore, Reject), 'revoked' or 'expired' (a worker discarded it unrun, as Celery
+-- discards a revoked or expired message).
+-- ARGV: 1 id, 2 the counter of the outcome ('acked' | 'revoked' | 'expired')
 -- Returns: 1 if the call was tracked, else 0.
 local id = ARGV[1]
 local done = redis.call('ZREM', INFLIGHT, id)
@@ -8,6 +11,6 @@ if done == 0 and load_meta(id).s == 'swept' then
 end
 if done == 1 then
     forget(id)
-    redis.call('HINCRBY', COUNTERS, 'acked', 1)
+    redis.call('HINCRBY', COUNTERS, ARGV[2], 1)
 end
 return done

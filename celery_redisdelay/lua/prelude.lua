@@ -14,7 +14,7 @@
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
 --   KEYS[8] counters  hash  batch_items (items waiting in all groups), and running totals for metrics:
 --       released, late_ms_sum, late_le_<ms> (release lateness, see count_releases), swept, dead_lettered,
---       acked, batches_flushed, lock_deferrals
+--       acked, revoked, expired (discarded unrun by a worker), cancelled, batches_flushed, lock_deferrals
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 

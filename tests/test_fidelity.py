@@ -1,0 +1,208 @@
+"""A delayed task behaves as the same task without the extension: the Redis-level half.
+
+What needs a worker (revoke, expiry, retries, canvas, time limits, lost processes, events) is in
+``test_conformance.py``; here are the calls, the stored messages and the errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import celery
+import pytest
+import redis
+from celery import Celery
+from celery.exceptions import TaskRevokedError
+from kombu import Exchange, Queue
+
+from celery_redisdelay import ConfigurationError, RedisDelay
+from celery_redisdelay.bulk import argsrepr
+from celery_redisdelay.envelope import Envelope
+from celery_redisdelay.tracking import drop_revoked
+from celery_redisdelay.wire import PREFIX
+
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+
+
+def echo_on(rd: RedisDelay, name: str = "tests.fidelity.echo") -> Any:
+    @rd.delayed(name=name)
+    def echo(*args: Any, **kwargs: Any) -> Any: ...
+
+    return echo
+
+
+def with_backend(make_app: MakeApp, redis_server: Any, **conf: Any) -> tuple[Celery, RedisDelay]:
+    return make_app(result_backend=f"{redis_server.url}/6", **conf)
+
+
+# -- configuration ------------------------------------------------------------------------------------
+
+
+def test_task_message_protocol_1_is_refused_when_the_extension_is_bound(redis_server: Any) -> None:
+    app = Celery("p1", broker=f"{redis_server.url}/0", set_as_current=False)
+    app.conf.task_protocol = 1
+    with pytest.raises(ConfigurationError, match=r"task_protocol = 1: celery-redisdelay needs .* protocol 2"):
+        RedisDelay(app)
+
+
+def test_task_message_protocol_1_configured_later_is_refused_at_the_first_park(redis_server: Any) -> None:
+    app = Celery("p1-later", broker=f"{redis_server.url}/0", set_as_current=False)
+    rd = RedisDelay(app)  # not configured yet: nothing to check
+    app.conf.task_protocol = 1
+    with pytest.raises(ConfigurationError, match="task_protocol"):
+        echo_on(rd).apply_async((1,), countdown=10)
+
+
+@pytest.mark.parametrize("method", ["cancel", "find", "requeue", "reschedule"])
+@pytest.mark.parametrize("bad", [None, 42, b"bytes-id"])
+def test_an_id_that_is_not_a_string_is_a_type_error_naming_it(rd: RedisDelay, method: str, bad: Any) -> None:
+    call: Callable[..., Any] = getattr(rd, method)
+    extra = {"countdown": 1} if method == "reschedule" else {}
+    with pytest.raises(TypeError, match=r"task_id must be a string \(a Celery task id\), not"):
+        call(bad, **extra)
+
+
+# -- the task class ---------------------------------------------------------------------------------
+
+
+class AppWide(celery.Task):  # type: ignore[misc]
+    """An app-wide base task class (``Celery(task_cls=...)``), as Django's fixup sets DjangoTask."""
+
+    def tenant(self) -> str:
+        return "acme"
+
+
+def test_delayed_tasks_derive_from_the_apps_own_task_class(redis_server: Any) -> None:
+    app = Celery("wide", broker=f"{redis_server.url}/0", task_cls=AppWide, set_as_current=False)
+    app.conf.redisdelay_key_prefix = f"wide-{uuid.uuid4().hex[:8]}"
+    rd = RedisDelay(app)
+
+    @app.task
+    def plain() -> None: ...
+
+    @rd.delayed
+    def delayed() -> None: ...
+
+    @rd.batched(size=2)
+    def batched(key: str, items: list[Any]) -> None: ...
+
+    for task in (plain, delayed, batched):
+        assert isinstance(task, AppWide) and task.tenant() == "acme"
+    assert isinstance(delayed, rd.Task) and isinstance(batched, rd.BatchedTask)
+    assert rd.find(delayed.apply_async(countdown=30).id) is not None
+    app.close()
+
+
+# -- send_task ------------------------------------------------------------------------------------------
+
+
+def test_send_task_by_name_parks_a_delayed_task_of_this_app(make_app: MakeApp, client: redis.Redis) -> None:
+    app, rd = make_app()
+    echo_on(rd)
+
+    @app.task(name="tests.fidelity.plain", shared=False)
+    def plain(x: int) -> None: ...
+
+    queue = app.conf.task_default_queue
+    parked = app.send_task("tests.fidelity.echo", args=(1,), kwargs={"k": "v"}, countdown=60, task_id="by-name")
+    assert parked.id == "by-name"
+    entry = rd.find("by-name")
+    assert entry is not None and entry.state == "delayed" and entry.envelope is not None
+    assert client.llen(queue) == 0, "nothing reached the broker"
+    # The message is the one Celery's own send_task builds (published at once here, for comparison).
+    rd.celery_send_task("tests.fidelity.echo", args=(1,), kwargs={"k": "v"}, task_id="by-celery")
+    celery_message = json.loads(client.rpop(queue))  # type: ignore[arg-type]
+    ours = Envelope.decode(entry.envelope)
+    assert ours.body == base64.b64decode(celery_message["body"])
+    volatile = ("id", "root_id")
+    assert {k: v for k, v in ours.headers.items() if k not in volatile} == {
+        k: v for k, v in celery_message["headers"].items() if k not in volatile
+    }
+    app.send_task("tests.fidelity.plain", args=(2,), countdown=60)  # not a delayed task: Celery's own
+    assert client.llen(queue) == 1
+    app.send_task("no.such.task", args=(3,))
+    assert client.llen(queue) == 2
+
+
+# -- park_many ------------------------------------------------------------------------------------------
+
+
+def test_park_many_keeps_the_callers_argsrepr_and_computes_celerys_otherwise(rd: RedisDelay) -> None:
+    echo = echo_on(rd)
+    calls = [("it's",), ('a "quoted"\nline',), (1.5, None)]
+    hidden = echo.park_many(calls, countdown=60, argsrepr="(secret)")
+    for result in hidden:
+        assert Envelope.decode(rd.find(result.id).envelope).headers["argsrepr"] == "(secret)"  # type: ignore[union-attr,arg-type]
+    shown = echo.park_many(calls, countdown=60)
+    one_by_one = [echo.apply_async(args, countdown=60) for args in calls]
+    for bulk, single, args in zip(shown, one_by_one, calls, strict=True):
+        expected = Envelope.decode(rd.find(single.id).envelope).headers["argsrepr"]  # type: ignore[union-attr,arg-type]
+        assert Envelope.decode(rd.find(bulk.id).envelope).headers["argsrepr"] == expected == argsrepr(rd.app, args)  # type: ignore[union-attr,arg-type]
+
+
+# -- routing that only kombu can do ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("queue", "options"),
+    [
+        (
+            Queue("q-named", Exchange("x-named", type="direct"), routing_key="rk"),
+            {"exchange": "x-named", "routing_key": "rk"},
+        ),
+        (Queue("q-expiring", expires=60), {"queue": "q-expiring"}),
+        (Queue("q-x-expires", queue_arguments={"x-expires": 60000}), {"queue": "q-x-expires"}),
+    ],
+    ids=["named exchange", "queue expires", "x-expires"],
+)
+def test_routing_that_depends_on_the_broker_takes_kombus_path(
+    make_app: MakeApp, queue: Queue, options: dict[str, Any]
+) -> None:
+    _, rd = make_app(task_queues=[queue, Queue("q-default")], task_default_queue="q-default")
+    echo = echo_on(rd)
+    plain = echo.apply_async((1,), countdown=60, queue="q-default")
+    routed = echo.apply_async((1,), countdown=60, **options)
+    assert rd.find(plain.id).envelope.startswith(PREFIX)  # type: ignore[union-attr]
+    assert not rd.find(routed.id).envelope.startswith(PREFIX)  # type: ignore[union-attr]
+
+
+# -- cancel and revoke -----------------------------------------------------------------------------------
+
+
+def test_cancel_marks_the_result_revoked(make_app: MakeApp, redis_server: Any) -> None:
+    _, rd = with_backend(make_app, redis_server)
+    result = echo_on(rd).apply_async((1,), countdown=60)
+    assert result.state == "PENDING"
+    assert rd.cancel(result.id) is True
+    assert result.state == "REVOKED"
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=5)
+    assert rd.cancel(result.id) is False
+    assert int(rd.client.hget(rd.keys.counters, "cancelled")) == 1
+
+
+def test_cancel_of_an_ignored_result_stores_nothing(make_app: MakeApp, redis_server: Any) -> None:
+    _, rd = with_backend(make_app, redis_server)
+
+    @rd.delayed(ignore_result=True)
+    def quiet() -> None: ...
+
+    result = quiet.apply_async(countdown=60)
+    assert rd.cancel(result.id) is True
+    assert result.state == "PENDING", "a task whose result is ignored stores no revoked state, as in Celery"
+
+
+def test_a_revoke_heard_by_a_worker_drops_parked_calls_for_good(make_app: MakeApp, redis_server: Any) -> None:
+    _, rd = with_backend(make_app, redis_server)
+    echo = echo_on(rd)
+    parked = echo.apply_async((1,), countdown=60)
+    released = echo.apply_async((2,), countdown=0)
+    assert rd.tick()["released"] == 1
+    assert drop_revoked(rd, [parked.id, released.id, "never-parked"]) == 1
+    assert rd.find(parked.id) is None and parked.state == "REVOKED"
+    entry = rd.find(released.id)
+    assert entry is not None and entry.state == "inflight", "the worker that receives it discards it"
