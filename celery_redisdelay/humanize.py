@@ -50,3 +50,12 @@ def lock_text(lock: dict[str, Any]) -> str:
         held = "held" if lock["expires_in_ms"] is None else f"held for {span(lock['expires_in_ms'] / 1000)} more"
     waiting = ", this call among them" if lock["waiting"] else ""
     return f"{lock['name']} ({held}, {lock['waiters']} waiting{waiting})"
+
+
+def compact(count: float) -> str:
+    """A count in at most four characters for a chart's axis: ``950``, ``1.2k``, ``35k``, ``1M``."""
+    for size, suffix in ((1_000_000_000, "G"), (1_000_000, "M"), (1000, "k")):
+        if count >= size:
+            scaled = count / size
+            return f"{scaled:.1f}".rstrip("0").rstrip(".") + suffix if scaled < 10 else f"{scaled:.0f}{suffix}"
+    return f"{count:.0f}"

@@ -56,7 +56,7 @@ def state_key(store: CallStore, state: str) -> str:
 @dataclass(frozen=True)
 class Filter:
     """Which calls a page keeps: of one task (its registered name), routed to one queue, and whose
-    arguments contain ``search`` (case-insensitive, in the ``repr`` of args and of kwargs)."""
+    arguments contain ``search`` (any case, in args and kwargs as JSON: :func:`payloads.arguments_text`)."""
 
     task: str | None = None
     queue: str | None = None

@@ -6,6 +6,7 @@ dashboard. Nothing here writes; a payload that does not decode is described, nev
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from kombu.exceptions import KombuError
@@ -116,11 +117,20 @@ def queue_of(rd: RedisDelay, meta: dict[str, Any], raw: bytes | None) -> str | N
 
 
 def arguments_text(rd: RedisDelay, raw: bytes | None) -> str | None:
-    """The call's arguments as the dashboard shows them (``repr`` of args, then of kwargs), for the
-    argument search; None when they cannot be decoded (no payload, pickle not accepted, corrupt)."""
+    """The call's arguments as the dashboard shows them, for the argument search: args then kwargs, each
+    as JSON (``[42, "shipped"] {"amount": 6.0}``; ``repr`` where not JSON); None when they cannot be
+    decoded (no payload, pickle not accepted, corrupt)."""
     if raw is None:
         return None
     described = decode_payload(rd, raw)
     if not described["decoded"]:
         return None
-    return f"{described['args']!r} {described['kwargs']!r}"
+    return f"{as_json(described['args'])} {as_json(described['kwargs'])}"
+
+
+def as_json(value: Any) -> str:
+    """``value`` as one line of JSON, or its ``repr`` when it is not JSON (pickled objects, dates)."""
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)

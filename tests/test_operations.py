@@ -181,7 +181,7 @@ def test_pages_newest_first_by_queue_and_by_arguments(make_app: MakeApp) -> None
     assert {entry.queue for entry in admin.page(rd, "delayed", task=first.name).calls} == {default}
     found = admin.page(rd, "delayed", search="order-9")
     assert [entry.id for entry in found.calls] == [routed], "any case, in kwargs too"
-    assert [entry.id for entry in admin.page(rd, "delayed", search="'order-3'").calls] == [ids[3]]
+    assert [entry.id for entry in admin.page(rd, "delayed", search='"order-3"').calls] == [ids[3]]
 
     stopped = admin.page(rd, "delayed", search="nowhere", scan=3, limit=2)
     assert stopped.scan_stopped and stopped.scanned == 3 and stopped.calls == []
