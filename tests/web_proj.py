@@ -14,7 +14,7 @@ from celery_redisdelay import RedisDelay
 
 def shop_tasks(rd: RedisDelay) -> dict[str, Any]:
     """The shop's delayed tasks, by short name: an invoice, an order update under the order's lock, a
-    reminder routed to its own queue."""
+    reminder routed to its own queue, and parcels bound to a truck ten at a time."""
 
     @rd.delayed(name="billing.tasks.send_invoice")
     def send_invoice(order_id: int, amount: float = 0.0) -> None: ...
@@ -25,7 +25,10 @@ def shop_tasks(rd: RedisDelay) -> dict[str, Any]:
     @rd.delayed(name="mail.tasks.send_reminder", queue="mail")
     def send_reminder(user_id: int, template: str) -> None: ...
 
-    return {"invoice": send_invoice, "order": update_order, "reminder": send_reminder}
+    @rd.batched(name="shipping.tasks.bind_truck", size=10, max_wait=600)
+    def bind_truck(area: str, parcels: list[Any]) -> None: ...
+
+    return {"invoice": send_invoice, "order": update_order, "reminder": send_reminder, "truck": bind_truck}
 
 
 url = os.environ.get("REDISDELAY_TEST_URL", "redis://127.0.0.1:6379")

@@ -49,10 +49,12 @@ def overview_page() -> str:
 
 
 @blueprint.get("/calls/<state>")
-def calls(state: str) -> str:
+def calls(state: str) -> str | Response:
     board = dashboard()
     rd = board.rd
     query = ListQuery.parse(state, request.args, board.scan)
+    if set(request.args) != set(query.params()):
+        return redirect(query.url())  # the filter form sends every field: keep only those that say something
     found = admin.page(
         rd,
         state,
