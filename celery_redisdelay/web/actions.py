@@ -133,4 +133,7 @@ def _confirm(question: str, back: str) -> str:
     fields = [
         (name, value) for name, value in request.form.items(multi=True) if name not in ("csrf_token", "confirmed")
     ]
-    return render_template("confirm.html", question=question, fields=fields, target=request.path, back=back)
+    danger = request.form.get("action") in CONFIRMED or request.path.rsplit("/", 1)[-1] in CONFIRMED
+    return render_template(
+        "confirm.html", question=question, fields=fields, target=request.path, back=back, danger=danger
+    )
