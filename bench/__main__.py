@@ -59,6 +59,12 @@ release_cluster
     warmed up, then started by a signal; timed until the broker queue holds every call. Reports the
     calls each master held and ``os.cpu_count()``. Target: ratio >= 2.5 where the machine's cores allow.
     Skipped, saying why, when the redis-server cannot run a cluster (Redis < 7).
+dashboard
+    Median ms per page of the dashboard (``celery_redisdelay.web``, through its WSGI app in the bench
+    process) with 1,000,000 [20,000] parked calls, one in ten of another task: the delayed list oldest
+    and newest first, filtered by that task both ways, 900,000 calls in, and the overview; against one
+    raw ZRANGE + HMGET of the same 50 entries. Target: each page < 250 ms. A search in the arguments
+    that finds nothing (it reads its whole scan bound, 10,000 entries with payloads) is reported.
 """
 
 from __future__ import annotations

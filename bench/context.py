@@ -28,6 +28,7 @@ class Sizes:
     lateness_small: int  # parked calls in the background, small run
     lateness_large: int  # parked calls in the background, large run (scaled down to fit memory)
     release_cluster: int  # due calls released from a Redis Cluster store, baseline and scaled alike
+    dashboard: int  # parked calls behind the dashboard's pages
 
 
 NORMAL = Sizes(
@@ -43,6 +44,7 @@ NORMAL = Sizes(
     lateness_small=1000,
     lateness_large=1_000_000,
     release_cluster=60_000,
+    dashboard=1_000_000,
 )
 QUICK = Sizes(
     park_single=500,
@@ -57,6 +59,7 @@ QUICK = Sizes(
     lateness_small=1000,
     lateness_large=20_000,
     release_cluster=6000,
+    dashboard=20_000,
 )
 
 

@@ -28,10 +28,11 @@ class Template:
     meta: bytes
 
 
-def template(bench: BenchApp, queue: str) -> Template:
-    """Park one real call of ``bench.delayed_noop`` routed to ``queue``, read it back and take it out again."""
+def template(bench: BenchApp, queue: str, task: Any = None, args: tuple[Any, ...] = (0,)) -> Template:
+    """Park one real call of ``task`` (``bench.delayed_noop`` by default) routed to ``queue``, read it back
+    and take it out again."""
     rd = bench.rd
-    result = bench.delayed_noop.apply_async((0,), countdown=3600, queue=queue)
+    result = (task or bench.delayed_noop).apply_async(args, countdown=3600, queue=queue)
     client: Any = rd.client
     payload, meta = client.hmget(rd.keys.payloads, result.id), client.hmget(rd.keys.meta, result.id)
     if payload[0] is None or meta[0] is None:

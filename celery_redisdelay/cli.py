@@ -7,24 +7,20 @@ among them) end a command with a one-line message and exit status 1, not a trace
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
 
-from . import admin, metrics
+from . import admin, cli_actions, metrics
+from .cli_output import JSON_OPTION, emit, extension, on_stop_signals, pairs, table
 from .errors import RedisDelayError
-from .extension import RedisDelay
+from .humanize import deliveries, lock_text, relative, size_text, span
 from .precise import PreciseReleasers
 from .store import STATES
 from .validation import run_validation
-
-JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
 
 
 class RedisDelayGroup(click.Group):
@@ -37,82 +33,13 @@ class RedisDelayGroup(click.Group):
             raise click.ClickException(str(exc)) from exc
 
 
-def _extension(ctx: click.Context) -> RedisDelay:
-    app = ctx.obj.app
-    app.loader.import_default_modules()
-    return RedisDelay.of(app)
-
-
-def _emit(data: Any, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
-    elif isinstance(data, dict):
-        _pairs([(str(key), str(value)) for key, value in data.items()])
-    else:
-        click.echo(data)
-
-
-def _pairs(rows: Sequence[tuple[str, str]]) -> None:
-    """Print labels and values, the values aligned."""
-    width = max((len(label) for label, _ in rows), default=0)
-    for label, value in rows:
-        click.echo(f"{label:<{width}}  {value}".rstrip())
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> None:
-    """Print rows under headers in aligned columns; the columns numbered in ``right`` aligned right."""
-    widths = [max(len(row[column]) for row in [headers, *rows]) for column in range(len(headers))]
-    for row in [headers, *rows]:
-        cells = [
-            cell.rjust(width) if column in right else cell.ljust(width)
-            for column, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ]
-        click.echo("  ".join(cells).rstrip())
-
-
-def _span(seconds: float) -> str:
-    """A duration in its two largest units: ``250ms``, ``42s``, ``5m 3s``, ``2h 5m``, ``3d 4h``."""
-    if seconds < 1:
-        return f"{seconds * 1000:.0f}ms"
-    whole = int(seconds)
-    for unit, size, smaller, smaller_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60), ("m", 60, "s", 1)):
-        if whole >= size:
-            rest = whole % size // smaller_size
-            return f"{whole // size}{unit}" + (f" {rest}{smaller}" if rest else "")
-    return f"{whole}s"
-
-
-def _relative(seconds: float) -> str:
-    """Seconds from now (negative: past) as ``in 5m`` or ``3s ago``."""
-    if abs(seconds) < 0.0005:
-        return "now"
-    return f"in {_span(seconds)}" if seconds > 0 else f"{_span(-seconds)} ago"
-
-
-def _bytes(size: int) -> str:
-    if size < 1024:
-        return f"{size:,} B"
-    scaled = float(size)
-    for unit in ("KiB", "MiB", "GiB"):
-        scaled /= 1024
-        if scaled < 1024 or unit == "GiB":
-            break
-    return f"{scaled:,.1f} {unit}"
-
-
-def _on_stop_signals(stop: Callable[[], None]) -> None:
-    """Call ``stop`` on SIGTERM and Ctrl-C (for the commands that run until stopped)."""
-
-    def handler(signum: int, frame: Any) -> None:
-        stop()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-
-
 @click.group(cls=RedisDelayGroup)
 def redisdelay() -> None:
     """Delayed calls kept in Redis by celery-redisdelay."""
+
+
+for _command in cli_actions.COMMANDS:
+    redisdelay.add_command(_command)
 
 
 @redisdelay.command()
@@ -122,10 +49,10 @@ def redisdelay() -> None:
 @click.pass_context
 def releaser(ctx: click.Context, longest_sleep: float) -> None:
     """Release each call the moment it is due (runs until SIGTERM or Ctrl-C; the beat tick stays the backstop)."""
-    rd = _extension(ctx)
+    rd = extension(ctx)
     running = PreciseReleasers(rd, longest_sleep=longest_sleep)
 
-    _on_stop_signals(running.stop)
+    on_stop_signals(running.stop)
     click.echo(f"redisdelay releaser: releasing calls of {rd.app.main} as they fall due (pid {os.getpid()})")
     running.run()
     click.echo(f"redisdelay releaser: stopped after releasing {running.released} calls")
@@ -137,13 +64,13 @@ def releaser(ctx: click.Context, longest_sleep: float) -> None:
 @click.pass_context
 def exporter(ctx: click.Context, port: int, address: str) -> None:
     """Serve Prometheus metrics at http://ADDRESS:PORT/metrics until SIGTERM or Ctrl-C (the prometheus extra)."""
-    rd = _extension(ctx)
+    rd = extension(ctx)
     try:
         server = metrics.serve(rd, port, address)
     except (RuntimeError, OSError) as exc:
         raise click.ClickException(f"cannot serve metrics on {address}:{port}: {exc}") from exc
     stopping = threading.Event()
-    _on_stop_signals(stopping.set)
+    on_stop_signals(stopping.set)
     click.echo(f"redisdelay exporter: metrics of {rd.app.main} at http://{address}:{port}/metrics (pid {os.getpid()})")
     stopping.wait()
     server.shutdown()
@@ -152,13 +79,47 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
 
 
 @redisdelay.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Where to listen (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=5556, show_default=True)
+@click.option("--read-only", is_flag=True, help="Show everything, change nothing: no action buttons, POSTs refused.")
+@click.option("--auth", envvar="REDISDELAY_WEB_AUTH", help="user:password for HTTP basic auth on every page.")
+@click.option(
+    "--secret",
+    envvar="REDISDELAY_WEB_SECRET",
+    help="Signs CSRF tokens (default: random per process; share one across processes).",
+)
+@click.option("--threads", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.pass_context
+def web(
+    ctx: click.Context, host: str, port: int, read_only: bool, auth: str | None, secret: str | None, threads: int
+) -> None:
+    """Serve the dashboard at http://HOST:PORT/ until SIGTERM or Ctrl-C (the web extra)."""
+    rd = extension(ctx)
+    try:
+        from .web import create_app, serve
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the dashboard needs the web extra: pip install 'celery-redisdelay[web]' ({exc})"
+        ) from exc
+    try:
+        app = create_app(rd, read_only=read_only, auth=auth, secret=secret)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--auth") from exc
+    if host not in ("127.0.0.1", "localhost", "::1") and auth is None:
+        click.echo(
+            f"redisdelay web: WARNING: listening on {host} without --auth: anyone who reaches it can act", err=True
+        )
+    serve(app, host, port, threads, say=click.echo)
+
+
+@redisdelay.command()
 @JSON_OPTION
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Calls per state, the release and sweep backlogs, dead letters, and memory, over all shards."""
-    found = admin.status(_extension(ctx))
+    found = admin.status(extension(ctx))
     if as_json:
-        _emit(found, True)
+        emit(found, True)
         return
     retired = found["retired_shards"]
     rows = [
@@ -172,21 +133,22 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ("dead", f"{found['dead']:,}"),
         ("batch groups", f"{found['batch_groups']:,} open"),
         ("  items waiting", f"{found['batch_items']:,}"),
+        ("locks waited on", f"{found['locks_with_waiters']:,}"),
         ("memory", _memory(found["memory_bytes_estimate"])),
     ]
-    _pairs(rows)
+    pairs(rows)
 
 
 def _late(oldest: dict[str, Any] | None, what: str, late: str) -> str:
     if oldest is None:
         return "-"
-    return f"{oldest['id']} ({oldest['task'] or '?'}), {what} {oldest['time']}, {_span(oldest['late_seconds'])} {late}"
+    return f"{oldest['id']} ({oldest['task'] or '?'}), {what} {oldest['time']}, {span(oldest['late_seconds'])} {late}"
 
 
 def _memory(size: int | None) -> str:
     if size is None:
         return "unknown (the server refused MEMORY USAGE)"
-    return f"{_bytes(size)} (estimate: MEMORY USAGE of the nine fixed keys of each shard)"
+    return f"{size_text(size)} (estimate: MEMORY USAGE of the nine fixed keys of each shard)"
 
 
 @redisdelay.command(hidden=True)
@@ -200,6 +162,9 @@ def stats(ctx: click.Context, as_json: bool) -> None:
 @redisdelay.command(name="list")
 @click.option("--state", type=click.Choice(STATES), default="delayed", show_default=True)
 @click.option("--task", help="Only calls of this task (name as registered).")
+@click.option("--queue", help="Only calls routed to this queue.")
+@click.option("--search", help="Only calls whose args or kwargs (as JSON) contain this text, in any case.")
+@click.option("--newest", is_flag=True, help="Newest first (the cursor then counts from the newest).")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=50, show_default=True, help="Calls per page.")
 @click.option("--cursor", help="Where the page starts: the cursor the previous page printed.")
 @click.option(
@@ -207,17 +172,36 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     type=click.IntRange(1),
     default=10_000,
     show_default=True,
-    help="With --task, read at most this many entries for one page.",
+    help="With a filter, read at most this many entries for one page.",
 )
 @JSON_OPTION
 @click.pass_context
 def list_calls(
-    ctx: click.Context, state: str, task: str | None, limit: int, cursor: str | None, scan: int, as_json: bool
+    ctx: click.Context,
+    state: str,
+    task: str | None,
+    queue: str | None,
+    search: str | None,
+    newest: bool,
+    limit: int,
+    cursor: str | None,
+    scan: int,
+    as_json: bool,
 ) -> None:
     """A page of calls in one state, oldest first (due time, deadline or burial), over all shards."""
-    found = admin.page(_extension(ctx), state, limit=limit, cursor=cursor, task=task, scan=scan)
+    found = admin.page(
+        extension(ctx),
+        state,
+        limit=limit,
+        cursor=cursor,
+        task=task,
+        queue=queue,
+        search=search,
+        newest_first=newest,
+        scan=scan,
+    )
     if as_json:
-        _emit(found.as_dict(), True)
+        emit(found.as_dict(), True)
         return
     calls = [admin.entry_dict(entry, found.now_ms) for entry in found.calls]
     headers = ["ID", "TASK", admin.SCORE_MEANING[state].upper(), "WHEN", "DELIVERIES", "PHASE"]
@@ -226,8 +210,8 @@ def list_calls(
             call["id"],
             call["task"] or "?",
             call["time"],
-            _relative(call["seconds_from_now"]),
-            _deliveries(call["deliveries"], call["max_deliveries"]),
+            relative(call["seconds_from_now"]),
+            deliveries(call["deliveries"], call["max_deliveries"]),
             call["phase"] or "?",
         ]
         for call in calls
@@ -237,18 +221,18 @@ def list_calls(
         for row, call in zip(rows, calls, strict=True):
             row.append(call["why"] or "")
     if rows:
-        _table(headers, rows, right=(4,))
+        table(headers, rows, right=(4,))
     else:
-        click.echo(f"no {state} calls" + (f" of {task}" if task else "") + (" from this cursor" if cursor else ""))
+        matching = admin.Filter(task, queue, search)
+        click.echo(
+            f"no {state} calls"
+            + (f" matching {matching.describe()}" if matching.active else "")
+            + (" from this cursor" if cursor else "")
+        )
     if found.scan_stopped:
-        click.echo(f"stopped after reading {found.scanned:,} entries (--scan) with {len(calls)} of {task}")
+        click.echo(f"stopped after reading {found.scanned:,} entries (--scan) with {len(calls)} matching")
     if found.next_cursor is not None:
         click.echo(f"next page: --cursor {found.next_cursor}")
-
-
-def _deliveries(done: Any, limit: Any, of: str = "/", unlimited: str = "") -> str:
-    """Deliveries so far and the most allowed (0 or missing: no limit)."""
-    return f"{done}{of}{limit}" if limit else f"{done}{unlimited}"
 
 
 @redisdelay.command()
@@ -257,21 +241,22 @@ def _deliveries(done: Any, limit: Any, of: str = "/", unlimited: str = "") -> st
 @click.pass_context
 def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """One call: where it is, its metadata and its arguments."""
-    found = admin.describe(_extension(ctx), task_id)
+    found = admin.describe(extension(ctx), task_id)
     if found is None:
         raise click.ClickException(f"no call {task_id} in the store (never parked, finished, cancelled or purged)")
     if as_json:
-        _emit(found, True)
+        emit(found, True)
         return
     rows = [
         ("id", found["id"]),
         ("task", found["task"] or "?"),
         ("state", found["state"]),
-        (found["score_meaning"], f"{found['time']} ({_relative(found['seconds_from_now'])})"),
+        (found["score_meaning"], f"{found['time']} ({relative(found['seconds_from_now'])})"),
         ("phase", found["phase"] or "?"),
-        ("deliveries", _deliveries(found["deliveries"], found["max_deliveries"], " of ", " (no limit)")),
+        ("deliveries", deliveries(found["deliveries"], found["max_deliveries"], " of ", " (no limit)")),
         ("run timeout", _millis(found["run_timeout_ms"])),
         ("queue timeout", _millis(found["queue_timeout_ms"])),
+        ("queue", found["queue"] or "?"),
     ]
     if found["deferrals"]:
         rows.append(("lock deferrals", str(found["deferrals"])))
@@ -279,13 +264,15 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
         rows.append(("unique/debounce key", str(found["key"])))
     if found["why"] is not None:
         rows.append(("dead because", str(found["why"])))
+    if found["lock"] is not None:
+        rows.append(("lock", lock_text(found["lock"])))
     rows.extend(_payload_rows(found["payload"]))
     rows.append(("history", "no event log is kept per call; the deliveries, phase and reason above are what is known"))
-    _pairs(rows)
+    pairs(rows)
 
 
 def _millis(ms: Any) -> str:
-    return "?" if ms is None else _span(ms / 1000)
+    return "?" if ms is None else span(ms / 1000)
 
 
 def _payload_rows(payload: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -311,17 +298,6 @@ def _shorten(text: str, most: int = 2000) -> str:
 
 
 @redisdelay.command()
-@click.argument("task_id")
-@JSON_OPTION
-@click.pass_context
-def cancel(ctx: click.Context, task_id: str, as_json: bool) -> None:
-    """Drop a call that is still parked."""
-    if not _extension(ctx).cancel(task_id):
-        raise click.ClickException(f"{task_id} is not parked (released, finished, dead or unknown)")
-    _emit({"cancelled": task_id} if as_json else f"cancelled {task_id}", as_json)
-
-
-@redisdelay.command()
 @click.argument("task_id", required=False)
 @click.option("--all-dead", is_flag=True, help="Requeue every dead-lettered call, oldest first.")
 @JSON_OPTION
@@ -330,15 +306,15 @@ def requeue(ctx: click.Context, task_id: str | None, all_dead: bool, as_json: bo
     """Give a dead-lettered call (or, with --all-dead, all of them) a fresh start, due now."""
     if (task_id is None) == (not all_dead):
         raise click.UsageError("give either TASK_ID or --all-dead")
-    rd = _extension(ctx)
+    rd = extension(ctx)
     if task_id is not None:
         if not rd.requeue(task_id):
             raise click.ClickException(f"{task_id} is not in the dead-letter set")
-        _emit({"requeued": task_id} if as_json else f"requeued {task_id}", as_json)
+        emit({"requeued": task_id} if as_json else f"requeued {task_id}", as_json)
         return
     report = admin.requeue_all_dead(rd)
     if as_json:
-        _emit(report.as_dict(), True)
+        emit(report.as_dict(), True)
         return
     rows = [
         ("requeued", f"{report.requeued:,}"),
@@ -347,7 +323,7 @@ def requeue(ctx: click.Context, task_id: str | None, all_dead: bool, as_json: bo
     rows.extend(("", call_id) for call_id in report.without_payload_ids)
     if report.without_payload > len(report.without_payload_ids):
         rows.append(("", f"... and {report.without_payload - len(report.without_payload_ids):,} more"))
-    _pairs(rows)
+    pairs(rows)
 
 
 @redisdelay.command()
@@ -358,16 +334,16 @@ def requeue(ctx: click.Context, task_id: str | None, all_dead: bool, as_json: bo
 def purge(ctx: click.Context, state: str, yes: bool, as_json: bool) -> None:
     """Delete dead-lettered calls for good, with their payloads and metadata (calls dead-lettered while
     this runs are kept)."""
-    rd = _extension(ctx)
+    rd = extension(ctx)
     now = admin.server_ms(rd)
     if not yes:
         count = admin.dead_count(rd, before_ms=now)
         if count == 0:
-            _emit({"purged": 0} if as_json else "no dead-lettered calls", as_json)
+            emit({"purged": 0} if as_json else "no dead-lettered calls", as_json)
             return
         click.confirm(f"delete {count:,} dead-lettered calls for good?", abort=True, err=True)
     purged = admin.purge_dead(rd, before_ms=now)
-    _emit({"purged": purged} if as_json else f"purged {purged:,} dead-lettered calls", as_json)
+    emit({"purged": purged} if as_json else f"purged {purged:,} dead-lettered calls", as_json)
 
 
 @redisdelay.command()
@@ -396,7 +372,7 @@ def validate(ctx: click.Context, count: int, fail_every: int, timeout: float, de
 
     Needs running workers and beat (or another releaser) for the same app. Exits 1 when a message is missing.
     """
-    rd = _extension(ctx)
+    rd = extension(ctx)
     with click.progressbar(length=count, label="processed", file=sys.stderr) as bar:
         seen = [0]
 
@@ -405,6 +381,6 @@ def validate(ctx: click.Context, count: int, fail_every: int, timeout: float, de
             seen[0] = done
 
         report = run_validation(rd, count, fail_every=fail_every, timeout=timeout, deadline=deadline, progress=progress)
-    _emit(report.as_dict(), as_json)
+    emit(report.as_dict(), as_json)
     if not report.ok:
         ctx.exit(1)

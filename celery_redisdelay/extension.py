@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any, TypeVar, overload
@@ -21,6 +21,7 @@ from .envelope import Envelope
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
 from .keys import Keyspace
 from .locks import Lock
+from .operations import on_shards
 from .precise import PreciseReleaseStep
 from .producer import ParkingProducer, accepted_content_types
 from .release import Releaser, TickReport, tick_all
@@ -528,6 +529,23 @@ class RedisDelay:
         if status < 0:
             raise RedisDelayError(f"call {task_id} has no payload left to run; it stays dead-lettered")
         return status == 1
+
+    def cancel_many(self, task_ids: Sequence[str]) -> list[str]:
+        """Drop the calls among ``task_ids`` that are still parked, 1,000 per script call, and mark each
+        REVOKED in the result backend; returns the ids cancelled (the others were not parked)."""
+        cancelled = on_shards(self.shards, task_ids, lambda store, ids: (store.cancel_many(ids), []))[0]
+        for task_id in cancelled:
+            self._mark_revoked(task_id)
+        return cancelled
+
+    def _mark_revoked(self, task_id: str) -> None:
+        """Record a cancelled call as REVOKED in the result backend, so ``AsyncResult(id)`` says so."""
+        try:
+            self.app.backend.mark_as_revoked(task_id, reason="cancelled while parked (celery-redisdelay)")
+        except Exception as exc:  # noqa: BLE001 - the call is cancelled either way; say so, do not raise
+            logger.warning(
+                "redisdelay: cancelled %s but could not mark it revoked in the result backend: %s", task_id, exc
+            )
 
     def stats(self) -> dict[str, int]:
         """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``,

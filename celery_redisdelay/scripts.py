@@ -33,6 +33,9 @@ STORE_SCRIPTS = (
     "batch_flush",
     "lock_take",
     "lock_release",
+    "drop_many",
+    "reschedule_many",
+    "requeue_many",
 )
 STANDALONE_SCRIPTS = ("validate_consume", "lock_extend")
 

@@ -60,6 +60,7 @@ class Entry:
     score_ms: float
     meta: dict[str, Any]
     envelope: bytes | None
+    queue: str | None = field(default=None, compare=False)  # where it goes, when a listing worked it out
 
 
 @contextmanager
@@ -261,6 +262,32 @@ class CallStore:
     def requeue(self, call_id: str) -> int:
         return int(self._run("requeue", [call_id], f"requeue call {call_id}"))
 
+    # -- many calls at once (the operator's bulk actions; at most LARGEST_STEP ids per call) ------------
+
+    def cancel_many(self, call_ids: Sequence[str]) -> list[str]:
+        """Drop the calls still parked here; the ids dropped."""
+        return _texts(self._run("drop_many", ["delayed", *_step(call_ids)], f"cancel {len(call_ids)} calls"))
+
+    def reschedule_many(
+        self, call_ids: Sequence[str], *, countdown_ms: int | None = None, due_ms: int | None = None
+    ) -> tuple[int, list[str]]:
+        """Move the calls parked here to one due time: (that due time, the ids moved)."""
+        due, *moved = self._run(
+            "reschedule_many",
+            [*due_args(countdown_ms, due_ms), *_step(call_ids)],
+            f"reschedule {len(call_ids)} calls",
+        )
+        return int(due), _texts(moved)
+
+    def requeue_many(self, call_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Requeue the calls dead-lettered here: (ids requeued, ids left dead for want of a payload)."""
+        requeued, left = self._run("requeue_many", _step(call_ids), f"requeue {len(call_ids)} calls")
+        return _texts(requeued), _texts(left)
+
+    def purge_many(self, call_ids: Sequence[str]) -> list[str]:
+        """Delete the calls dead-lettered here for good; the ids deleted."""
+        return _texts(self._run("drop_many", ["dead", *_step(call_ids)], f"purge {len(call_ids)} calls"))
+
     # -- batches ----------------------------------------------------------------------------------
 
     def batch_add(
@@ -378,6 +405,20 @@ class CallStore:
             Entry(call_id, state, score, decode_meta(meta), None)
             for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
         ]
+
+
+#: The most ids one bulk script call takes (scripts block Redis while they run).
+LARGEST_STEP = 1000
+
+
+def _step(call_ids: Sequence[str]) -> list[str]:
+    if not 1 <= len(call_ids) <= LARGEST_STEP:
+        raise ValueError(f"a bulk script takes 1 to {LARGEST_STEP} ids, not {len(call_ids)}")
+    return list(call_ids)
+
+
+def _texts(values: Sequence[bytes | str]) -> list[str]:
+    return [text(value) for value in values]
 
 
 def _claimed(flat: Sequence[Any]) -> list[Claimed]:

@@ -21,6 +21,7 @@ FIGURES = (
     "worker_memory",
     "lateness",
     "redis_memory_per_call",
+    "dashboard",
 )
 NOT_IMPLEMENTED = "not implemented"
 SKIPPED = "skipped"  # the cluster figure, on a redis-server older than 7.0 (no --cluster-port)

@@ -221,6 +221,7 @@ def test_a_busy_lock_defers_a_tracked_call_and_the_release_wakes_it(rd: RedisDel
     assert client.zscore(rd.keys.lock_waiters("order:42"), call_id) is not None
     assert holds(client, rd, outside)
     assert client.hget(rd.keys.counters, "lock_deferrals") == b"1"
+    assert client.hget(rd.keys.counters, "lock_lines") == b"1", "one lock has a line of waiters"
 
     assert outside.release() is True
     woken = rd.find(call_id)
@@ -231,6 +232,7 @@ def test_a_busy_lock_defers_a_tracked_call_and_the_release_wakes_it(rd: RedisDel
     assert rd.store.start(call_id, 30_000) == 1
     assert rd.store.lock_take("order:42", "tok", 5000, call_id, 3000)[0] == 1
     assert not client.exists(rd.keys.lock_waiters("order:42")), "the taker leaves the line"
+    assert client.hget(rd.keys.counters, "lock_lines") == b"0", "and the line is gone"
     assert rd.store.lock_release("order:42", "tok") is True
 
 
@@ -247,6 +249,11 @@ def test_a_deferred_call_rescheduled_by_hand_is_not_woken_early(rd: RedisDelay, 
     assert entry is not None
     assert entry.score_ms > redis_ms(client) + 3_000_000, "the release must not undo the reschedule"
     assert not client.exists(rd.keys.lock_waiters("order:7")), "it left the line"
+    assert client.hget(rd.keys.counters, "lock_lines") == b"0", "the release dropped the emptied line"
+    client.hset(rd.keys.counters, "lock_lines", 0)  # a line that waited before the count was kept
+    client.zadd(rd.keys.lock_waiters("order:7"), {"gone": 1})
+    assert outside.acquire(blocking=False) and outside.release() is True
+    assert client.hget(rd.keys.counters, "lock_lines") == b"0", "the count never goes below zero"
 
 
 def test_lock_take_for_an_untracked_call_changes_nothing(rd: RedisDelay, client: redis.Redis) -> None:

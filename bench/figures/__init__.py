@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..context import Context
+from .dashboard import dashboard
 from .lateness import lateness
 from .park import park_bulk, park_single
 from .redis_memory import redis_memory_per_call
@@ -24,4 +25,5 @@ FIGURES: dict[str, Figure] = {
     "lateness": lateness,
     "redis_memory_per_call": redis_memory_per_call,
     "release_cluster": release_cluster,
+    "dashboard": dashboard,
 }

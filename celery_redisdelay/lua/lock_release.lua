@@ -29,6 +29,7 @@ for _ = 1, 100 do
     end
     -- Gone, or parked again / rescheduled by hand (no longer waiting for this lock): drop it.
     redis.call('ZREM', WAITERS, first)
+    line_emptied(WAITERS)
 end
 redis.call('DEL', WAKE_LIST)
 redis.call('RPUSH', WAKE_LIST, 1)

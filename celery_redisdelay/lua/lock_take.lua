@@ -13,8 +13,8 @@ if wrong then
 end
 local token, id = ARGV[1], ARGV[3]
 if redis.call('SET', LOCK, token, 'NX', 'PX', tonumber(ARGV[2])) then
-    if id ~= '' then
-        redis.call('ZREM', WAITERS, id)
+    if id ~= '' and redis.call('ZREM', WAITERS, id) == 1 then
+        line_emptied(WAITERS)
     end
     return {1, 0}
 end
@@ -37,6 +37,8 @@ meta.w = (tonumber(meta.w) or 0) + 1
 save_meta(id, meta)
 redis.call('ZREM', INFLIGHT, id)
 redis.call('ZADD', DELAYED, now + wait, id)
-redis.call('ZADD', WAITERS, 'NX', now, id)
+if redis.call('ZADD', WAITERS, 'NX', now, id) == 1 and redis.call('ZCARD', WAITERS) == 1 then
+    redis.call('HINCRBY', COUNTERS, 'lock_lines', 1)  -- a new line: one more lock with waiters
+end
 redis.call('HINCRBY', COUNTERS, 'lock_deferrals', 1)
 return {0, ttl}

@@ -14,7 +14,8 @@
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
 --   KEYS[8] counters  hash  batch_items (items waiting in all groups), and running totals for metrics:
 --       released, late_ms_sum, late_le_<ms> (release lateness, see count_releases), swept, dead_lettered,
---       acked, revoked, expired (discarded unrun by a worker), cancelled, batches_flushed, lock_deferrals
+--       acked, revoked, expired (discarded unrun by a worker), cancelled, batches_flushed, lock_deferrals;
+--       lock_lines (locks with a non-empty line of waiters)
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
@@ -186,5 +187,13 @@ local function count_releases(rows, skipped, now)
         for index, n in pairs(counts) do
             redis.call('HINCRBY', COUNTERS, 'late_le_' .. (LATENESS_BOUNDS[index] or 'inf'), n)
         end
+    end
+end
+
+-- A lock's line of waiters (KEYS[11] of the lock scripts) became empty: one lock fewer with waiters.
+-- Lines that were already waiting before the count was kept are not in it, so it never goes below 0.
+local function line_emptied(waiters)
+    if redis.call('EXISTS', waiters) == 0 and tonumber(redis.call('HGET', COUNTERS, 'lock_lines') or '0') > 0 then
+        redis.call('HINCRBY', COUNTERS, 'lock_lines', -1)
     end
 end

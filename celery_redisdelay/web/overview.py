@@ -1,0 +1,201 @@
+"""What the overview page shows: counts over all shards, parked calls by due time, and by task name.
+
+Every read is bounded whatever the backlog: the due-time histograms are one ``ZCOUNT`` per bar and
+shard (logarithmic in the set's size), and the split by task reads the metadata of a sample of at
+most ``SAMPLE`` parked calls taken evenly across each shard's sorted set (all of them when there are
+fewer), scaled up to the shard's size; the page says when it is an estimate. The bar charts are laid
+out here, as plain numbers, and drawn as SVG by the template: no script, nothing from outside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..listing import server_ms
+from ..store import decode_meta, redis_errors, text
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+
+MINUTE_MS, HOUR_MS = 60_000, 3_600_000
+#: Parked calls whose metadata is read for the split by task (over all shards).
+SAMPLE = 2000
+#: Slices the sample of a large shard is read in, spread evenly over its sorted set.
+SLICES = 20
+#: Tasks shown by name; the others are added up as one bar.
+TOP_TASKS = 8
+
+
+STATE_TITLES = {"delayed": "Delayed", "inflight": "In flight", "dead": "Dead"}
+
+
+def state_counts(rd: RedisDelay) -> dict[str, int]:
+    """Calls per state over all shards: one ZCARD per state and shard."""
+    counts = dict.fromkeys(STATE_TITLES, 0)
+    for store in rd.shards.all():
+        with redis_errors("count calls"):
+            pipe = store.client.pipeline(transaction=False)
+            for state in counts:
+                pipe.zcard(getattr(store.keys, state))
+            for state, count in zip(counts, pipe.execute(), strict=True):
+                counts[state] += int(count)
+    return counts
+
+
+@dataclass(frozen=True)
+class Bar:
+    label: str  # under the bar (may be empty: the axis shows every few)
+    count: int
+    title: str  # the tooltip: the bar's span and its count
+    tone: str = ""  # a CSS class: "late" for calls already due
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A bar chart laid out for an SVG of ``width`` x ``height``: each bar as (x, y, w, h, bar), the
+    gridlines as (y, value), and the axis labels as (x, text)."""
+
+    width: int
+    height: int
+    bars: list[tuple[float, float, float, float, Bar]]
+    grid: list[tuple[float, int]]
+    labels: list[tuple[float, str]]
+    total: int
+
+
+def due_histogram(rd: RedisDelay) -> dict[str, Any]:
+    """Parked calls due already, in each 5 minutes of the next hour, each hour of the next day, and later."""
+    hour = [(step * 5 * MINUTE_MS, (step + 1) * 5 * MINUTE_MS) for step in range(12)]
+    day = [(step * HOUR_MS, (step + 1) * HOUR_MS) for step in range(24)]
+    windows = [*hour, *day, (24 * HOUR_MS, None)]
+    counts = [0] * (len(windows) + 1)  # the first: already due
+    for store in rd.shards.all():
+        now = server_ms(rd, store)
+        with redis_errors("count parked calls by due time"):
+            pipe = store.client.pipeline(transaction=False)
+            pipe.zcount(store.keys.delayed, "-inf", now)
+            for start, end in windows:
+                pipe.zcount(store.keys.delayed, f"({now + start}", "+inf" if end is None else now + end)
+            for index, found in enumerate(pipe.execute()):
+                counts[index] += int(found)
+    due, hour_counts, day_counts, later = counts[0], counts[1:13], counts[13:37], counts[37]
+    hour_bars = [Bar("due", due, f"already due: {due:,}", "late")]
+    for step, count in enumerate(hour_counts):
+        label = f"{(step + 1) * 5}m" if step % 3 == 2 else ""
+        hour_bars.append(Bar(label, count, f"due in {step * 5}-{(step + 1) * 5} min: {count:,}"))
+    day_bars = [
+        Bar(f"{step + 1}h" if step % 4 == 3 else "", count, f"due in {step}-{step + 1} h: {count:,}")
+        for step, count in enumerate(day_counts)
+    ]
+    return {
+        "due": due,
+        "next_hour": sum(hour_counts),
+        "next_day": sum(day_counts),
+        "later": later,
+        "hour": layout(hour_bars),
+        "day": layout(day_bars),
+    }
+
+
+def tasks_sample(rd: RedisDelay, sample: int = SAMPLE) -> dict[str, Any]:
+    """Parked calls per task name: counted exactly when at most ``sample`` are parked, else estimated from
+    an even sample of each shard. Returns the rows (task, count) largest first and what was read."""
+    stores = rd.shards.all()
+    with redis_errors("count parked calls"):
+        pipe = rd.client.pipeline(transaction=False)
+        for store in stores:
+            pipe.zcard(store.keys.delayed)
+        sizes = [int(size) for size in pipe.execute()]
+    total = sum(sizes)
+    estimated: dict[str, float] = {}
+    read = 0
+    for store, size in zip(stores, sizes, strict=True):
+        if not size:
+            continue
+        share = max(1, sample * size // total) if total > sample else size
+        ids = _spread_ids(store, size, share)
+        with redis_errors("read the metadata of parked calls"):
+            metas: Any = store.client.hmget(store.keys.meta, ids) if ids else []
+        read += len(ids)
+        scale = size / len(ids) if ids else 0
+        for raw in metas:
+            task = decode_meta(raw).get("t")
+            name = task if isinstance(task, str) else "(unknown)"
+            estimated[name] = estimated.get(name, 0.0) + scale
+    rows = sorted(((task, round(count)) for task, count in estimated.items()), key=lambda row: -row[1])
+    shown = rows[:TOP_TASKS]
+    if len(rows) > TOP_TASKS:
+        shown.append((f"{len(rows) - TOP_TASKS} other tasks", sum(count for _, count in rows[TOP_TASKS:])))
+    return {"rows": shown, "total": total, "read": read, "exact": read >= total}
+
+
+def _spread_ids(store: Any, size: int, wanted: int) -> list[str]:
+    """About ``wanted`` ids of a shard's delay set: all of them, or ``SLICES`` runs spread evenly over it."""
+    with redis_errors("sample parked calls"):
+        if size <= wanted:
+            members: Any = store.client.zrange(store.keys.delayed, 0, -1)
+            return [text(member) for member in members]
+        slices = min(SLICES, wanted)
+        run = max(1, wanted // slices)
+        pipe = store.client.pipeline(transaction=False)
+        for index in range(slices):
+            start = index * (size - run) // max(1, slices - 1)
+            pipe.zrange(store.keys.delayed, start, start + run - 1)
+        return list(dict.fromkeys(text(member) for found in pipe.execute() for member in found))
+
+
+def layout(bars: list[Bar], width: int = 560, height: int = 180) -> Chart:
+    """Place the bars in a chart area with room for the axis labels; the scale rounds up to a tidy step."""
+    top, bottom, left, right = 12, 22, 40, 6
+    plot_w, plot_h = width - left - right, height - top - bottom
+    peak = max([bar.count for bar in bars] + [1])
+    step = _tidy_step(peak)
+    ceiling = step * -(-peak // step)
+    slot = plot_w / len(bars)
+    gap = min(6.0, slot * 0.25)
+    placed = []
+    for index, bar in enumerate(bars):
+        h = plot_h * bar.count / ceiling
+        x = left + index * slot + gap / 2
+        placed.append((round(x, 1), round(top + plot_h - h, 1), round(slot - gap, 1), round(h, 1), bar))
+    grid = [(round(top + plot_h - plot_h * value / ceiling, 1), value) for value in range(0, ceiling + 1, step)]
+    labels = [(round(x + w / 2, 1), bar.label) for x, _, w, _, bar in placed if bar.label]
+    return Chart(width, height, placed, grid, labels, sum(bar.count for bar in bars))
+
+
+@dataclass(frozen=True)
+class TaskChart:
+    """Horizontal bars, one per task: each as (y, bar width, shown name, full name, count)."""
+
+    width: int
+    height: int
+    label_width: int
+    rows: list[tuple[float, float, str, str, int]]
+    total: int
+    read: int
+    exact: bool
+
+
+def task_chart(sample: dict[str, Any], width: int = 560, row_height: int = 26) -> TaskChart:
+    """The split by task laid out as horizontal bars, names on the left (their tail, when too long)."""
+    label_width, count_width = 250, 70
+    peak = max([count for _, count in sample["rows"]] + [1])
+    room = width - label_width - count_width
+    rows: list[tuple[float, float, str, str, int]] = []
+    for index, (name, count) in enumerate(sample["rows"]):
+        shown = name if len(name) <= 34 else "…" + name[-33:]
+        rows.append((index * row_height, round(max(2.0, room * count / peak), 1), shown, name, count))
+    height = max(row_height, len(rows) * row_height)
+    return TaskChart(width, height, label_width, rows, sample["total"], sample["read"], sample["exact"])
+
+
+def _tidy_step(peak: int) -> int:
+    """A gridline step of 1, 2 or 5 times a power of ten giving three to five lines up to ``peak``."""
+    magnitude = 1
+    while True:
+        for factor in (1, 2, 5):
+            step = factor * magnitude
+            if peak / step <= 4:
+                return step
+        magnitude *= 10

@@ -1,0 +1,107 @@
+"""The dashboard's pages (GET): the overview, the paged lists of delayed, in-flight and dead calls, and
+one call. Each reads a bounded amount from Redis, whatever the backlog."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from flask import Blueprint, abort, redirect, render_template, request, url_for
+from werkzeug.wrappers import Response
+
+from .. import admin
+from ..listing import SCORE_MEANING
+from ..operations import ACTION_STATES
+from . import overview
+from .board import dashboard
+from .overview import STATE_TITLES, state_counts
+from .query import PAGE_SIZES, ListQuery
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+
+blueprint = Blueprint("views", __name__)
+
+#: The actions a list offers per state, as (action, button text), in the order shown.
+LIST_ACTIONS = {
+    "delayed": [("run-now", "Run now"), ("reschedule", "Reschedule"), ("cancel", "Cancel")],
+    "inflight": [],
+    "dead": [("requeue", "Requeue"), ("purge", "Purge")],
+}
+
+
+def page_context(rd: RedisDelay, active: str, counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """What the layout around every page needs: the tab shown and the counts in the tabs."""
+    return {"active": active, "counts": counts or state_counts(rd)}
+
+
+@blueprint.get("/")
+def overview_page() -> str:
+    rd = dashboard().rd
+    status = admin.status(rd)
+    counts = {state: status[state] for state in STATE_TITLES}
+    return render_template(
+        "overview.html",
+        status=status,
+        due=overview.due_histogram(rd),
+        tasks=overview.task_chart(overview.tasks_sample(rd)),
+        **page_context(rd, "overview", counts),
+    )
+
+
+@blueprint.get("/calls/<state>")
+def calls(state: str) -> str | Response:
+    board = dashboard()
+    rd = board.rd
+    query = ListQuery.parse(state, request.args, board.scan)
+    if set(request.args) != set(query.params()):
+        return redirect(query.url())  # the filter form sends every field: keep only those that say something
+    found = admin.page(
+        rd,
+        state,
+        limit=query.limit,
+        cursor=query.cursor or None,
+        task=query.task,
+        queue=query.queue,
+        search=query.q,
+        newest_first=query.newest_first,
+        scan=query.scan,
+    )
+    return render_template(
+        "calls.html",
+        query=query,
+        page=found,
+        rows=[admin.entry_dict(entry, found.now_ms) for entry in found.calls],
+        meaning=SCORE_MEANING[state],
+        actions=[] if board.read_only else LIST_ACTIONS[state],
+        page_sizes=PAGE_SIZES,
+        known_tasks=sorted(name for name in rd.app.tasks if not name.startswith("celery.")),
+        known_queues=sorted(rd.app.amqp.queues),
+        timezone=rd.app.conf.timezone or "UTC",
+        **page_context(rd, state),
+    )
+
+
+@blueprint.get("/call/<call_id>")
+def call(call_id: str) -> str:
+    rd = dashboard().rd
+    found = admin.describe(rd, call_id)
+    if found is None:
+        abort(404, f"No call {call_id} in the store: never parked, or finished, cancelled or purged since.")
+    state = found["state"]
+    actions = [action for action, wanted in ACTION_STATES.items() if wanted == state]
+    return render_template(
+        "call.html",
+        call=found,
+        actions=[] if dashboard().read_only else actions,
+        timezone=rd.app.conf.timezone or "UTC",
+        **page_context(rd, state),
+    )
+
+
+@blueprint.get("/find")
+def find() -> Response:
+    """The id box in the header: straight to the call's page (which says when there is no such call)."""
+    call_id = request.args.get("id", "").strip()
+    if not call_id:
+        return redirect(url_for("views.overview_page"))
+    return redirect(url_for("views.call", call_id=call_id))

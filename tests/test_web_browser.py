@@ -1,0 +1,226 @@
+"""The dashboard in a real browser: Debian's chromium, headless, driven by Playwright, against
+``celery -A tests.web_proj redisdelay web`` on the session's redis-server.
+
+It parks a shop's calls, opens the overview, filters the delayed list, cancels one call, reschedules
+another, runs two more now from a selection, and checks each change in Redis. It takes the README's
+screenshots; with ``REDISDELAY_SCREENSHOTS=docs`` it writes them to ``docs/`` (else to a temporary
+folder). Skipped, saying why, where chromium or Playwright is missing (``.ci/run`` installs chromium
+where apt works).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redisdelay import RedisDelay
+from celery_redisdelay.testing import RedisServer, free_port, wait_for
+from tests.conftest import ROOT
+from tests.web_proj import shop_tasks
+
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+CHROMIUM = os.environ.get("REDISDELAY_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# Without these a headless chromium on a machine without network stalls on first-run work.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1360, "height": 600}  # screenshots take the whole page, however long
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (the test extra has it)")
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not os.access(CHROMIUM, os.X_OK),
+        reason=f"no chromium at {CHROMIUM} (apt-get install chromium; .ci/run does where apt works)",
+    ),
+]
+
+
+class Dashboard:
+    """``celery -A tests.web_proj redisdelay web`` on a free port, stopped by PID."""
+
+    def __init__(self, server: RedisServer, prefix: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "REDISDELAY_TEST_URL": server.url, "REDISDELAY_WEB_PREFIX": prefix}
+        env["PYTHONPATH"] = str(ROOT)
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.web_proj",
+            "redisdelay",
+            "web",
+            "--port",
+            str(self.port),
+        ]
+        self.process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def answers(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as response:
+                return bool(response.status == 200)
+        except (urllib.error.URLError, ConnectionError):
+            return False
+
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            output, _ = self.process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            output, _ = self.process.communicate()
+        return output
+
+
+@pytest.fixture
+def shop(make_app: MakeApp, redis_server: RedisServer) -> Iterator[tuple[RedisDelay, dict[str, Any], Dashboard]]:
+    prefix = f"web-{uuid.uuid4().hex[:8]}"
+    _, rd = make_app(redisdelay_key_prefix=prefix, result_backend=f"{redis_server.url}/1", task_default_queue="celery")
+    web = Dashboard(redis_server, prefix)
+    try:
+        wait_for(web.answers, 60, "the dashboard to answer")
+        yield rd, shop_tasks(rd), web
+    finally:
+        print(web.stop())
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def park_a_day_of_work(rd: RedisDelay, tasks: dict[str, Any]) -> dict[str, list[str]]:
+    """What a shop has parked on a given day, the same every run: invoices mostly due within the hour
+    (three already overdue), order updates over the day (one deferred behind its busy lock), reminders
+    over three days; two calls in flight, two dead, and a batch of parcels filling up."""
+    draw = random.Random(16)
+    ids: dict[str, list[str]] = {"invoice": [], "order": [], "reminder": []}
+    for n in range(240):
+        amount = round(draw.uniform(5, 900), 2)
+        call = tasks["invoice"].apply_async((1000 + n,), {"amount": amount}, countdown=draw.expovariate(1 / 2400))
+        ids["invoice"].append(call.id)
+    for n in range(120):
+        call = tasks["order"].apply_async(
+            (5000 + n, draw.choice(["paid", "shipped"])), countdown=draw.uniform(60, 86400)
+        )
+        ids["order"].append(call.id)
+    for n in range(60):
+        call = tasks["reminder"].apply_async((n, "cart-abandoned"), countdown=draw.uniform(600, 3 * 86400))
+        ids["reminder"].append(call.id)
+    for n in range(2):
+        rd.reschedule(ids["invoice"][n], countdown=0)
+    assert len(rd.store.claim(2, 600_000)) == 2
+    # An order update deferred behind its order's lock, held elsewhere.
+    assert rd.lock("order:5003", timeout=3600).acquire(blocking=False)
+    rd.reschedule(ids["order"][3], countdown=0)
+    assert [call.id for call in rd.store.claim(1, 600_000)] == [ids["order"][3]]
+    assert rd.store.lock_take("order:5003", "token", 60_000, ids["order"][3], 1_800_000)[0] == 0
+    for call_id in ids["reminder"][-2:]:
+        assert rd.store.bury(call_id, "not acknowledged after 10 deliveries (last seen running)")
+    for n in range(7):
+        tasks["truck"].add("area-7", {"parcel": 9000 + n})
+    for n in range(2, 5):
+        rd.reschedule(ids["invoice"][n], eta=datetime.now(UTC) - timedelta(seconds=40 + n))  # the tick is behind
+    return ids
+
+
+def screenshots(tmp_path: Path) -> Path:
+    if os.environ.get("REDISDELAY_SCREENSHOTS") == "docs":
+        (ROOT / "docs").mkdir(exist_ok=True)
+        return ROOT / "docs"
+    return tmp_path
+
+
+def test_filter_cancel_reschedule_and_run_now_in_a_browser(
+    shop: tuple[RedisDelay, dict[str, Any], Dashboard], browser: Any, tmp_path: Path
+) -> None:
+    rd, tasks, web = shop
+    ids = park_a_day_of_work(rd, tasks)
+    expect = sync_api.expect
+    shots = screenshots(tmp_path)
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(15_000)
+    problems: list[str] = []
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("requestfailed", lambda request: problems.append(f"failed: {request.url}"))
+
+    page.goto(web.url + "/")
+    expect(page.locator(".card").first).to_contain_text("416")
+    expect(page.locator("svg.chart")).to_have_count(3)
+    page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
+
+    # Filter the delayed list by task: the URL says so, and every row is a reminder.
+    page.locator("nav.tabs").get_by_role("link", name=re.compile("^Delayed")).click()
+    page.get_by_label("Task").fill("mail.tasks.send_reminder")
+    page.get_by_role("button", name="Filter").click()
+    expect(page).to_have_url(re.compile(r"/calls/delayed\?task=mail\.tasks\.send_reminder$"))
+    rows = page.locator("table.calls tbody tr")
+    expect(rows).to_have_count(50)
+    expect(page.get_by_role("link", name="Next page")).to_have_attribute("href", re.compile("task=mail.tasks"))
+    assert set(page.locator("table.calls td.task").all_inner_texts()) == {"mail.tasks.send_reminder"}
+
+    # Cancel the first one: its row's button, then the confirmation.
+    doomed = rows.first.get_attribute("data-id")
+    rows.first.get_by_role("button", name="Cancel").click()
+    expect(page.locator("h1")).to_have_text("Are you sure?")
+    page.get_by_role("button", name="Yes, do it").click()
+    expect(page.locator(".flash-done")).to_contain_text(f"Call {doomed} cancelled")
+    assert rd.find(doomed) is None
+    assert rd.app.AsyncResult(doomed).state == "REVOKED"
+
+    # Reschedule an invoice from its page: three hours from now.
+    invoice = ids["invoice"][10]
+    page.locator("form.find input").fill(invoice)
+    page.locator("form.find button").click()
+    expect(page.locator("h1")).to_contain_text(invoice)
+    page.get_by_label("Delay").fill("3")
+    page.get_by_label("Unit").select_option("h")
+    before = rd.client.time()
+    page.get_by_role("button", name="Reschedule").click()
+    expect(page.locator(".flash-done")).to_contain_text("rescheduled to 3 h from now")
+    entry = rd.find(invoice)
+    assert entry is not None and entry.state == "delayed"
+    assert entry.score_ms >= (int(before[0]) + 3 * 3600) * 1000
+
+    # Run two orders now from a selection of the newest-first list.
+    page.goto(web.url + "/calls/delayed?task=orders.tasks.update_order&order=newest&limit=25")
+    chosen = [page.locator("table.calls tbody tr").nth(n).get_attribute("data-id") for n in (0, 1)]
+    for call_id in chosen:
+        page.locator(f'tr[data-id="{call_id}"] input[name="ids"]').check()
+    expect(page.get_by_role("button", name="Apply to 2 selected")).to_be_enabled()
+    page.screenshot(path=str(shots / "dashboard-list.png"), full_page=True)
+    page.get_by_role("button", name="Apply to 2 selected").click()
+    page.get_by_role("button", name="Yes, do it").click()
+    expect(page.locator(".flash-done")).to_contain_text("2 of 2 selected calls made due now")
+    now_ms = int(rd.client.time()[0]) * 1000 + 1000
+    assert all((found := rd.find(call_id)) is not None and found.score_ms <= now_ms for call_id in chosen)
+    assert problems == [], "no script errors, nothing refused by the Content-Security-Policy, no failed load"
