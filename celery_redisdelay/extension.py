@@ -29,7 +29,7 @@ from .revocation import announce_revoked
 from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
 from .shards import ShardSet
-from .store import CallStore, Entry, merged_pages, redis_errors, text
+from .store import CallStore, Cancelled, Entry, merged_pages, redis_errors, text
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
 from .tracking import DurableRevokeStep
 from .validation import register_validation_tasks
@@ -491,16 +491,7 @@ class RedisDelay:
         ``REVOKED`` (``AsyncResult.get()`` raises ``TaskRevokedError``), a ``task-revoked`` event where
         task events are on. False when it was already released, finished or unknown."""
         check_task_id(task_id)
-        dropped = self.shards.first(task_id, lambda store: store.cancel(task_id))
-        if dropped is None:
-            return False
-        try:
-            announce_revoked(self, task_id, dropped.payload)
-        except Exception as exc:
-            raise RedisDelayError(
-                f"call {task_id} was cancelled (it will not run), but its result could not be marked revoked: {exc!r}"
-            ) from exc
-        return True
+        return bool(self.cancel_many([task_id]))
 
     def reschedule(self, task_id: str, *, countdown: float | None = None, eta: Any = None) -> bool:
         """Move a parked call to ``countdown`` seconds from now or to ``eta``; False when it is no longer parked."""
@@ -531,21 +522,29 @@ class RedisDelay:
         return status == 1
 
     def cancel_many(self, task_ids: Sequence[str]) -> list[str]:
-        """Drop the calls among ``task_ids`` that are still parked, 1,000 per script call, and mark each
-        REVOKED in the result backend; returns the ids cancelled (the others were not parked)."""
-        cancelled = on_shards(self.shards, task_ids, lambda store, ids: (store.cancel_many(ids), []))[0]
-        for task_id in cancelled:
-            self._mark_revoked(task_id)
-        return cancelled
+        """Drop the calls among ``task_ids`` that are still parked, 1,000 per script call, and record
+        each as revoked (see :meth:`cancel`); returns the ids cancelled (the others were not parked)."""
+        dropped: list[Cancelled] = []
 
-    def _mark_revoked(self, task_id: str) -> None:
-        """Record a cancelled call as REVOKED in the result backend, so ``AsyncResult(id)`` says so."""
-        try:
-            self.app.backend.mark_as_revoked(task_id, reason="cancelled while parked (celery-redisdelay)")
-        except Exception as exc:  # noqa: BLE001 - the call is cancelled either way; say so, do not raise
-            logger.warning(
-                "redisdelay: cancelled %s but could not mark it revoked in the result backend: %s", task_id, exc
+        def cancel(store: CallStore, ids: list[str]) -> tuple[list[str], list[str]]:
+            found = store.cancel_many(ids)
+            dropped.extend(found)
+            return [call.id for call in found], []
+
+        cancelled = on_shards(self.shards, task_ids, cancel)[0]
+        failed = []
+        for call in dropped:
+            try:
+                announce_revoked(self, call.id, call.payload)
+            except Exception as exc:  # noqa: BLE001 - every call is recorded that can be; then the error
+                logger.warning("redisdelay: cancelled %s but could not record it revoked: %r", call.id, exc)
+                failed.append(call.id)
+        if failed:
+            raise RedisDelayError(
+                f"{len(failed)} cancelled call(s) will not run, but their result could not be marked revoked "
+                f"(the result backend failed): {', '.join(failed[:10])}"
             )
+        return cancelled
 
     def stats(self) -> dict[str, int]:
         """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``,

@@ -33,7 +33,7 @@ STORE_SCRIPTS = (
     "batch_flush",
     "lock_take",
     "lock_release",
-    "drop_many",
+    "purge_many",
     "reschedule_many",
     "requeue_many",
 )

@@ -37,6 +37,7 @@ OUTCOMES = ("acked", "revoked", "expired")
 class Cancelled(NamedTuple):
     """A call dropped from the delay set, with the payload it held."""
 
+    id: str
     payload: bytes
 
 
@@ -255,18 +256,19 @@ class CallStore:
         return bool(self._run("bury", [call_id, reason, flag], f"dead-letter call {call_id}"))
 
     def cancel(self, call_id: str) -> Cancelled | None:
-        """Drop a parked call: what it held (its payload), or None when it was not parked."""
-        status, *payload = self._run("cancel", [call_id], f"cancel call {call_id}")
-        return Cancelled(payload[0]) if int(status) else None
+        """Drop a parked call: what it held, or None when it was not parked here."""
+        dropped = self.cancel_many([call_id])
+        return dropped[0] if dropped else None
 
     def requeue(self, call_id: str) -> int:
         return int(self._run("requeue", [call_id], f"requeue call {call_id}"))
 
     # -- many calls at once (the operator's bulk actions; at most LARGEST_STEP ids per call) ------------
 
-    def cancel_many(self, call_ids: Sequence[str]) -> list[str]:
-        """Drop the calls still parked here; the ids dropped."""
-        return _texts(self._run("drop_many", ["delayed", *_step(call_ids)], f"cancel {len(call_ids)} calls"))
+    def cancel_many(self, call_ids: Sequence[str]) -> list[Cancelled]:
+        """Drop the calls still parked here (1 to 1,000 ids): each dropped call with its payload."""
+        flat = self._run("cancel", _step(call_ids), f"cancel {len(call_ids)} calls")
+        return [Cancelled(text(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
     def reschedule_many(
         self, call_ids: Sequence[str], *, countdown_ms: int | None = None, due_ms: int | None = None
@@ -286,7 +288,7 @@ class CallStore:
 
     def purge_many(self, call_ids: Sequence[str]) -> list[str]:
         """Delete the calls dead-lettered here for good; the ids deleted."""
-        return _texts(self._run("drop_many", ["dead", *_step(call_ids)], f"purge {len(call_ids)} calls"))
+        return _texts(self._run("purge_many", _step(call_ids), f"purge {len(call_ids)} calls"))
 
     # -- batches ----------------------------------------------------------------------------------
 

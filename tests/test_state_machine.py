@@ -387,7 +387,7 @@ class StoreMachine(RuleBasedStateMachine):
         dropped = self.store.cancel(call_id)
         assert (dropped is not None) is (call is not None)
         if call is not None:
-            assert dropped is not None and dropped.payload == call.payload, "cancel returns what the call held"
+            assert dropped == (call_id, call.payload), "cancel returns what the call held"
             self.forget(call_id, call, "cancelled")
 
     @precondition(lambda self: self.any_call(is_delayed))
