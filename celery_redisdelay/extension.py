@@ -360,8 +360,12 @@ class RedisDelay:
         ``task.apply_async`` would park it (the message is still the one ``send_task`` builds); any
         other call is Celery's own."""
         task = self.app.tasks.get(name) if name in self._task_names else None
-        if not isinstance(task, DelayedTask) or task.redisdelay is not self:
-            return self.celery_send_task(name, *args, **kwargs)
+        if (
+            not isinstance(task, DelayedTask)
+            or task.redisdelay is not self
+            or isinstance(kwargs.get("producer"), ParkingProducer)
+        ):
+            return self.celery_send_task(name, *args, **kwargs)  # not ours, or our own park going through Celery
         given = self._send_task_signature.bind(name, *args, **kwargs).arguments
         if isinstance(given.get("producer") or given.get("publisher"), ParkingProducer):
             return self.celery_send_task(name, *args, **kwargs)

@@ -141,7 +141,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             self._call_options(args, kwargs, options)  # checked as when parking, then dropped
             # Eager mode runs the call at once, as Celery does for any task.
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        return self.park(args, kwargs, task_id, options, build)
+        return self.park(args, kwargs, task_id, options, build, bool(options.get("ignore_result", self.ignore_result)))
 
     def park(
         self,
@@ -150,9 +150,11 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         task_id: str | None,
         options: dict[str, Any],
         build: Callable[[str, Any, dict[str, Any]], None],
+        ignore_result: bool = False,
     ) -> AsyncResult:
         """Park a call: ``build(call_id, producer, options)`` makes Celery build and publish its message
-        through the parking producer (``apply_async`` and ``app.send_task`` each pass their own)."""
+        through the parking producer (``apply_async`` and ``app.send_task`` each pass their own). The
+        result is marked ``ignored`` as Celery marks it (``get()`` then returns None at once)."""
         capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
         limits, mode, key, lock_name = self._call_options(args, kwargs, options)
         app = self._get_app()
@@ -193,20 +195,25 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             holder = shards.for_name(key).holder(key)
             if holder is None:
                 holder = send(task_id or fresh())[1]
-            return self.AsyncResult(holder)
+            return self._result(holder, ignore_result)
         if mode == "debounce":
             # The replacing call takes the id of the call it replaces, so its message is built with it.
             candidate = shards.for_name(key).holder(key) or task_id or fresh()
             for _ in range(DEBOUNCE_ATTEMPTS):
                 status, holder = send(candidate)
                 if status != CONFLICT:
-                    return self.AsyncResult(holder)
+                    return self._result(holder, ignore_result)
                 candidate = holder or fresh()
             raise RedisDelayError(
                 f"could not park {self.name} under debounce key {key!r}: other producers kept changing it "
                 f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
             )
-        return self.AsyncResult(send(task_id or fresh())[1])
+        return self._result(send(task_id or fresh())[1], ignore_result)
+
+    def _result(self, call_id: str, ignored: bool) -> AsyncResult:
+        result = self.AsyncResult(call_id)
+        result.ignored = ignored
+        return result
 
     def park_sent(self, given: dict[str, Any], send_task: Callable[..., Any]) -> AsyncResult:
         """Park a call made by name, ``app.send_task(self.name, ...)``: ``given`` are the arguments of
@@ -222,8 +229,11 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         def build(call_id: str, parking: Any, rest: dict[str, Any]) -> None:
             send_task(self.name, args, kwargs, task_id=call_id, producer=parking, **rest)
 
-        parked = self.park(args, kwargs, task_id, options, build)
-        return parked if result_cls is None else result_cls(parked.id)
+        parked = self.park(args, kwargs, task_id, options, build, bool(options.get("ignore_result")))
+        if result_cls is not None:
+            parked, ignored = result_cls(parked.id), parked.ignored
+            parked.ignored = ignored
+        return parked
 
     def _call_options(
         self, args: Any, kwargs: Any, options: dict[str, Any]

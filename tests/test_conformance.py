@@ -373,6 +373,7 @@ def test_reject_without_requeue_ends_the_call(conf: Any) -> None:
 
 def test_ignore_result(conf: Any) -> None:
     results = launch(conf, "no_result", lambda task: task.apply_async((9,), countdown=0.5))
+    assert {v: r.get(timeout=5) for v, r in results.items()} == {"plain": None, "delayed": None}, "not waited for"
     same({variant: runs(conf, r.id) for variant, r in results.items()})
     untracked(conf, results["delayed"].id)
     assert {v: r.state for v, r in results.items()} == {"plain": "PENDING", "delayed": "PENDING"}

@@ -206,3 +206,19 @@ def test_a_revoke_heard_by_a_worker_drops_parked_calls_for_good(make_app: MakeAp
     assert rd.find(parked.id) is None and parked.state == "REVOKED"
     entry = rd.find(released.id)
     assert entry is not None and entry.state == "inflight", "the worker that receives it discards it"
+
+
+def test_a_result_of_a_task_that_ignores_results_is_not_waited_for(make_app: MakeApp, redis_server: Any) -> None:
+    app, rd = with_backend(make_app, redis_server)
+
+    @rd.delayed(name="tests.fidelity.quiet", ignore_result=True)
+    def quiet() -> None: ...
+
+    @app.task(name="tests.fidelity.quiet_plain", ignore_result=True, shared=False)
+    def quiet_plain() -> None: ...
+
+    ours, celerys = quiet.apply_async(countdown=60), quiet_plain.apply_async(countdown=60)
+    assert (ours.ignored, celerys.ignored) == (True, True)
+    assert ours.get(timeout=1) is None, "Celery returns None at once for an ignored result"
+    assert echo_on(rd).apply_async((1,), countdown=60).ignored is False
+    assert app.send_task("tests.fidelity.quiet", countdown=60, ignore_result=True).ignored is True
