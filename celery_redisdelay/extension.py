@@ -13,7 +13,7 @@ import redis
 from celery import Celery, signals
 from redis.sentinel import SentinelConnectionPool
 
-from . import tracking, wire
+from . import broker_redis, tracking, wire
 from .batch import BatchedTask, check_batch_options
 from .connection import connect, is_cluster
 from .envelope import Envelope
@@ -43,25 +43,17 @@ _OPTION_ATTRIBUTES = {"countdown": "default_countdown", "timeout": "visibility_t
 
 
 def broker_is_store(app: Any, client: redis.Redis) -> bool:
-    """Whether the app's broker is a Redis on the server and database ``client`` talks to."""
+    """Whether the app's broker is a Redis on the server and database ``client`` talks to, as kombu reaches it."""
     if is_cluster(client) or isinstance(client.connection_pool, SentinelConnectionPool):
         return False
     connection = app.connection_for_write()
     try:
-        if connection.transport_cls not in ("redis", "rediss"):
-            return False
-        store = client.connection_pool.connection_kwargs
-        try:
-            database = int(str(connection.virtual_host or "0").strip("/") or 0)
-        except ValueError:
-            return False
-        return (
-            (connection.hostname or "localhost") == store.get("host", "localhost")
-            and int(connection.port or 6379) == int(store.get("port", 6379))
-            and database == int(store.get("db", 0))
-        )
+        broker = broker_redis.read(connection)
+    except ConfigurationError:
+        return False
     finally:
         connection.release()
+    return broker is not None and not broker.sentinels and broker.address == broker_redis.address_of(client)
 
 
 class RedisDelay:
@@ -170,7 +162,7 @@ class RedisDelay:
             return False
         connection = self.app.connection_for_write()
         try:
-            return connection.transport_cls in wire.REDIS_TRANSPORTS
+            return broker_redis.is_redis_transport(connection)
         finally:
             connection.release()
 
