@@ -1,9 +1,11 @@
 # The commands the README shows; each goes through dev.py, which needs nothing but Python.
-.PHONY: demo test lint bench
+.PHONY: demo test test-lowest lint bench
 demo:
 	python3 dev.py demo
 test:
 	python3 dev.py test
+test-lowest:
+	python3 dev.py test-lowest -m "not e2e"
 lint:
 	python3 dev.py lint
 bench:

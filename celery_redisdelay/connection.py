@@ -8,9 +8,10 @@
     the current master of ``master-name``, asked of the sentinels; after a failover the next
     command finds the new master.
 
-``redisdelay_connection_options`` (by default the broker's ``broker_use_ssl`` when the store is the
-broker's Redis) are keyword arguments of the client: ``ssl_ca_certs``, ``ssl_certfile``,
-``ssl_keyfile``, ``ssl_cert_reqs``, ``username``, ``password``, ``socket_timeout``...
+``redisdelay_connection_options`` are keyword arguments of the client: ``ssl_ca_certs``, ``ssl_certfile``,
+``ssl_keyfile``, ``ssl_cert_reqs``, ``username``, ``password``, ``socket_timeout``...; for Sentinel also
+``sentinel_kwargs`` and ``min_other_sentinels``. When the store is the broker's Redis, the settings
+start from what kombu uses for the broker (credentials, TLS options, see :mod:`.broker_redis`).
 """
 
 from __future__ import annotations
@@ -62,14 +63,16 @@ def is_cluster(client: Any) -> bool:
 
 def _sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
     parts = urlsplit(url.replace("+sentinel", "", 1))
-    path = [part for part in parts.path.split("/") if part]
+    path = [unquote(part) for part in parts.path.split("/") if part]
     if not path or len(path) > 2 or not parts.netloc:
         raise ValueError("expected redis+sentinel://[user:password@]host:port[,host:port]/master-name[/db]")
     credentials, _, hosts = parts.netloc.rpartition("@")
     sentinels = []
     for host in hosts.split(","):
-        name, _, port = host.rpartition(":")
-        sentinels.append((name or host, int(port or 26379)))
+        place = urlsplit(f"//{host}")  # [::1]:26379 -> ::1, 26379
+        if not place.hostname:
+            raise ValueError(f"no sentinel host in {host!r}")
+        sentinels.append((place.hostname, place.port or 26379))
     if credentials:
         username, _, password = credentials.partition(":")
         options.setdefault("username", unquote(username) or None)
@@ -77,11 +80,14 @@ def _sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
     if parts.scheme == "rediss":
         options.setdefault("ssl", True)
     database = int(path[1]) if len(path) == 2 else 0
-    # The sentinels themselves are asked without the master's credentials or TLS: set
-    # redisdelay_connection_options["sentinel_kwargs"] when they need their own.
+    # The sentinels themselves are asked without the master's credentials or TLS (as kombu asks them):
+    # set redisdelay_connection_options["sentinel_kwargs"] when they need their own.
     sentinel_kwargs = options.pop("sentinel_kwargs", None)
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
-        sentinels, sentinel_kwargs=sentinel_kwargs, socket_timeout=options.get("socket_timeout", 5)
+        sentinels,
+        min_other_sentinels=options.pop("min_other_sentinels", 0),
+        sentinel_kwargs=sentinel_kwargs,
+        socket_timeout=options.get("socket_timeout", 5),
     )
     master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         path[0], db=database, health_check_interval=HEALTH_CHECK_SECONDS, **options

@@ -14,7 +14,7 @@ import redis
 from celery import Celery, Task, signals
 from redis.sentinel import SentinelConnectionPool
 
-from . import batch, tracking, wire
+from . import batch, broker_redis, tracking, wire
 from .batch import check_batch_options
 from .connection import connect, is_cluster
 from .envelope import Envelope
@@ -48,25 +48,17 @@ _OPTION_ATTRIBUTES = {"countdown": "default_countdown", "timeout": "visibility_t
 
 
 def broker_is_store(app: Any, client: redis.Redis) -> bool:
-    """Whether the app's broker is a Redis on the server and database ``client`` talks to."""
+    """Whether the app's broker is a Redis on the server and database ``client`` talks to, as kombu reaches it."""
     if is_cluster(client) or isinstance(client.connection_pool, SentinelConnectionPool):
         return False
     connection = app.connection_for_write()
     try:
-        if connection.transport_cls not in ("redis", "rediss"):
-            return False
-        store = client.connection_pool.connection_kwargs
-        try:
-            database = int(str(connection.virtual_host or "0").strip("/") or 0)
-        except ValueError:
-            return False
-        return (
-            (connection.hostname or "localhost") == store.get("host", "localhost")
-            and int(connection.port or 6379) == int(store.get("port", 6379))
-            and database == int(store.get("db", 0))
-        )
+        broker = broker_redis.read(connection)
+    except ConfigurationError:
+        return False
     finally:
         connection.release()
+    return broker is not None and not broker.sentinels and broker.address == broker_redis.address_of(client)
 
 
 def check_task_id(task_id: object, argument: str = "task_id") -> None:
@@ -121,9 +113,12 @@ class RedisDelay:
         if app.configured:
             self._install_schedule(app.conf)
         app.on_after_configure.connect(self._on_configured, weak=False)
-        signals.beat_init.connect(self._on_beat_init, weak=False)
-        signals.worker_ready.connect(self._warn_about_server, weak=False)
-        signals.beat_init.connect(self._warn_about_server, weak=False)
+        # dispatch_uid: Celery before 5.7 keys a bound method by its function alone, so a second
+        # extension's receivers were taken for the first one's and dropped.
+        uid = f"redisdelay-{id(self)}"
+        signals.beat_init.connect(self._on_beat_init, weak=False, dispatch_uid=f"{uid}-schedule")
+        signals.worker_ready.connect(self._warn_about_server, weak=False, dispatch_uid=f"{uid}-warn")
+        signals.beat_init.connect(self._warn_about_server, weak=False, dispatch_uid=f"{uid}-warn")
 
     @classmethod
     def registered(cls, app: Any) -> RedisDelay | None:
@@ -206,7 +201,7 @@ class RedisDelay:
             return False
         connection = self.app.connection_for_write()
         try:
-            return connection.transport_cls in wire.REDIS_TRANSPORTS
+            return broker_redis.is_redis_transport(connection)
         finally:
             connection.release()
 
@@ -260,6 +255,10 @@ class RedisDelay:
         schedule = dict(conf.get("beat_schedule") or {})
         schedule.setdefault(TICK_TASK, {"task": TICK_TASK, "schedule": interval})
         conf["beat_schedule"] = schedule
+        prefix = getattr(conf, "prefix", None)
+        if prefix:  # Celery before 5.7 reads a namespaced CELERY_BEAT_SCHEDULE before beat_schedule set later
+            name = prefix + "beat_schedule"
+            conf[name.upper() if prefix.isupper() else name] = schedule
 
     # -- the decorator -------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .broker_redis import broker_connection, broker_setting, read
 from .errors import ConfigurationError
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -74,18 +75,20 @@ class Settings:
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
         """Read and check the settings; raise :class:`ConfigurationError` naming the bad one."""
-        explicit = conf.get("redisdelay_url")
-        url = explicit or _redis_broker_url(conf)
-        if not isinstance(url, str) or not url.startswith(STORE_SCHEMES):
-            raise ConfigurationError(
-                "redisdelay_url must be a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// URL, "
-                f"not {url!r}"
-            )
+        url = conf.get("redisdelay_url")
+        if url:
+            broker_options: dict[str, Any] = {}
+            if not isinstance(url, str) or not url.startswith(STORE_SCHEMES):
+                raise ConfigurationError(
+                    "redisdelay_url must be a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// "
+                    f"URL, not {url!r}"
+                )
+        else:
+            # The store shares the broker's Redis: where kombu connects, as whom, with its TLS options.
+            url, broker_options = _broker_store(conf)
         options = conf.get("redisdelay_connection_options")
         if options is None:
-            # The store shares the broker's Redis: it shares its TLS options too.
-            ssl = conf.get("broker_use_ssl")
-            options = dict(ssl) if not explicit and isinstance(ssl, Mapping) else {}
+            options = {}
         if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
             raise ConfigurationError(
                 f"redisdelay_connection_options must be a dict of redis-py client options, not {options!r}"
@@ -121,7 +124,7 @@ class Settings:
             max_payload_bytes=int(positive_setting(conf, "redisdelay_max_payload_bytes", integer=True)),
             shards=int(positive_setting(conf, "redisdelay_shards", integer=True)),
             cluster=cluster or url.startswith(CLUSTER_SCHEMES),
-            connection_options=dict(options),
+            connection_options={**broker_options, **options},
             wait_replicas=wait_replicas,
             wait_timeout=float(positive_setting(conf, "redisdelay_wait_timeout")),
         )
@@ -134,30 +137,13 @@ def _optional_bool(conf: Mapping[str, Any], name: str) -> bool | None:
     return value
 
 
-def _redis_broker_url(conf: Mapping[str, Any]) -> str:
-    broker = conf.get("broker_write_url") or conf.get("broker_url")
-    if isinstance(broker, str) and broker.startswith(REDIS_SCHEMES):
-        return broker.split(";")[0]
-    if isinstance(broker, str) and broker.startswith("sentinel://"):
-        return _sentinel_url(broker, conf.get("broker_transport_options") or {})
-    raise ConfigurationError(
-        f"redisdelay_url is not set and the broker URL {broker!r} is not a Redis URL; "
-        "set app.conf.redisdelay_url = 'redis://host:6379/0'"
-    )
-
-
-def _sentinel_url(broker: str, options: Mapping[str, Any]) -> str:
-    """The store URL of kombu's ``sentinel://h1:26379;sentinel://h2:26379/0`` broker with its ``master_name``."""
-    master = options.get("master_name")
-    if not isinstance(master, str) or not master:
+def _broker_store(conf: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The store URL and client options of the broker's Redis, as kombu reaches it."""
+    setting = broker_setting(conf)
+    broker = read(broker_connection(conf), setting)
+    if broker is None:
         raise ConfigurationError(
-            "the broker is sentinel:// but broker_transport_options has no master_name; set it, or set "
-            "redisdelay_url = 'redis+sentinel://host:26379/master-name/0'"
+            f"redisdelay_url is not set and the broker ({setting}) is not a Redis; "
+            "set app.conf.redisdelay_url = 'redis://host:6379/0'"
         )
-    hosts, database = [], "0"
-    for part in broker.split(";"):
-        location = part.strip().removeprefix("sentinel://")
-        location, _, path = location.partition("/")
-        hosts.append(location)
-        database = path.strip("/") or database
-    return f"redis+sentinel://{','.join(hosts)}/{master}/{database}"
+    return broker.store_url(), broker.client_options()

@@ -10,6 +10,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 import redis
@@ -17,9 +18,11 @@ from celery import Celery
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, wait_for, worker
-from celery_redisdelay.topologies import LocalCluster, TopologyUnavailable
+from celery_redisdelay.topologies import LocalCluster, LocalSentinel, LocalTLS, TopologyUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
+
+T = TypeVar("T", LocalCluster, LocalSentinel, LocalTLS)
 
 
 @pytest.fixture(scope="session")
@@ -30,15 +33,36 @@ def redis_server() -> Iterator[RedisServer]:
     server.stop()
 
 
+def start_or_skip(topology: T) -> T:
+    """The topology started, or the test skipped saying why the binary cannot run it."""
+    try:
+        return topology.start()
+    except TopologyUnavailable as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[LocalCluster]:
     """A 3-master Redis Cluster on loopback (cluster bus on explicit ports); skips on Redis < 7.0."""
-    try:
-        nodes = LocalCluster(masters=3).start()
-    except TopologyUnavailable as exc:
-        pytest.skip(str(exc))
+    nodes = start_or_skip(LocalCluster(masters=3))
     yield nodes
     nodes.stop()
+
+
+@pytest.fixture(scope="module")
+def sentinel() -> Iterator[LocalSentinel]:
+    """Master, replica and one sentinel, for the tests of one module."""
+    group = start_or_skip(LocalSentinel())
+    yield group
+    group.stop()
+
+
+@pytest.fixture(scope="module")
+def tls() -> Iterator[LocalTLS]:
+    """A TLS-only server with an ACL user, for the tests of one module; skips where Redis has no TLS."""
+    server = start_or_skip(LocalTLS())
+    yield server
+    server.stop()
 
 
 @pytest.fixture

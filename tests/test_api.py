@@ -21,7 +21,6 @@ import pytest
 import redis
 from celery import Celery, signals
 from celery.beat import Service
-from celery.exceptions import DuplicateTaskNameWarning
 from celery.result import AsyncResult, EagerResult
 from celery.utils.time import maybe_make_aware
 from kombu.exceptions import EncodeError, OperationalError
@@ -204,6 +203,10 @@ def test_internal_tasks_are_registered(rd: RedisDelay) -> None:
     assert "redisdelay.validate" in rd.app.tasks
 
 
+#: Celery 5.7 warns when a task name is registered twice; before, it did not: then any warning naming it counts.
+DUPLICATE_TASK_WARNING = getattr(celery.exceptions, "DuplicateTaskNameWarning", Warning)
+
+
 def test_a_second_app_gets_its_own_validate_consumer_without_a_warning(make_app: MakeApp) -> None:
     first_app, first = make_app()
     first_app.finalize()
@@ -214,7 +217,7 @@ def test_a_second_app_gets_its_own_validate_consumer_without_a_warning(make_app:
     duplicates = [
         str(w.message)
         for w in caught
-        if issubclass(w.category, DuplicateTaskNameWarning) and CONSUMER_TASK in str(w.message)
+        if issubclass(w.category, DUPLICATE_TASK_WARNING) and CONSUMER_TASK in str(w.message)
     ]
     assert duplicates == []
     assert first_app.tasks[CONSUMER_TASK].redisdelay is first

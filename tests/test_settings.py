@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import ssl
 import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -75,7 +76,24 @@ def test_the_extension_reads_its_settings_from_the_app(make_app: MakeApp, redis_
 )
 def test_redis_schemes_are_accepted(url: str) -> None:
     assert Settings.from_conf({"broker_url": "amqp://", "redisdelay_url": url}).url == url
-    assert Settings.from_conf({"broker_url": url}).url == url
+
+
+@pytest.mark.parametrize(
+    ("broker", "url", "options"),
+    [
+        ("redis://localhost:6379/0", "redis://localhost:6379/0", {}),
+        # kombu's rediss:// without TLS options does not check the certificate; the store follows it
+        ("rediss://user:p%40ss@example:6380/1", "rediss://example:6380/1", {"ssl_cert_reqs": ssl.CERT_NONE}),
+        ("redis+socket:///run/redis.sock?virtual_host=3", "unix:///run/redis.sock?db=3", {}),
+    ],
+)
+def test_the_store_url_follows_kombus_reading_of_the_broker(broker: str, url: str, options: dict[str, Any]) -> None:
+    """Credentials go to the client options, out of the URL (which is logged); tests/test_broker_urls.py
+    checks the whole matrix against kombu's own channel on real servers."""
+    settings = Settings.from_conf({"broker_url": broker})
+    assert settings.url == url
+    credentials = {"username": "user", "password": "p@ss"} if "@" in broker else {}
+    assert settings.connection_options == {**options, **credentials}
 
 
 def test_redisdelay_url_wins_over_the_broker() -> None:
@@ -115,6 +133,8 @@ def test_connection_options_come_from_broker_use_ssl_only() -> None:
     assert Settings.from_conf(explicit).connection_options == {}, "another Redis does not get the broker's TLS"
     mine = {**explicit, "redisdelay_connection_options": {"socket_timeout": 3}}
     assert Settings.from_conf(mine).connection_options == {"socket_timeout": 3}
+    shared = {"broker_url": BROKER, "broker_use_ssl": tls, "redisdelay_connection_options": {"ssl_ca_certs": "/b.pem"}}
+    assert Settings.from_conf(shared).connection_options == {**tls, "ssl_ca_certs": "/b.pem"}, "ours win"
 
 
 @pytest.mark.parametrize("bad", [-1, True, "1", 1.5])

@@ -15,19 +15,8 @@ import pytest
 from celery_redisdelay import RedisDelay, StoreUnavailableError
 from celery_redisdelay.admin import status as admin_status
 from celery_redisdelay.testing import RedisServer
-from celery_redisdelay.topologies import LocalTLS, TopologyUnavailable
+from celery_redisdelay.topologies import LocalTLS
 from tests import topology_proj
-
-
-@pytest.fixture(scope="module")
-def tls() -> Iterator[LocalTLS]:
-    try:
-        server = LocalTLS().start()
-    except TopologyUnavailable as exc:
-        pytest.skip(str(exc))
-    yield server
-    server.stop()
-
 
 #: The ACL the README documents for the store's user (besides its key patterns).
 DOCUMENTED_ACL = "+@read +@write +@scripting +@connection +@blocking +time -@dangerous +memory|usage"
@@ -67,7 +56,7 @@ def echo_on(rd: RedisDelay) -> Any:
 
 def test_the_store_shares_the_brokers_tls_and_takes_the_fast_path(tls: LocalTLS, made: list[Any]) -> None:
     rd = make(made, broker_conf(tls))
-    assert rd.settings.connection_options == tls.ssl_options
+    assert rd.settings.connection_options == {**tls.ssl_options, "username": tls.username, "password": tls.password}
     assert rd.fast_release, "the broker is the store's server and database"
     echo = echo_on(rd)
     ids = {echo.apply_async((n,), countdown=0).id for n in range(20)}
