@@ -118,8 +118,6 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     lock: ClassVar[str | None] = None
     lock_timeout: ClassVar[float] = 60.0
     lock_retry: ClassVar[float] = 5.0
-    #: On a worker: Celery's request class, which also acknowledges a run its hard time limit ended.
-    Request = "celery_redisdelay.request:TrackedRequest"
 
     def apply_async(
         self,

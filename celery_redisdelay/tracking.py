@@ -1,10 +1,9 @@
 """The worker side: a call's run deadline starts when a worker starts it; it is acknowledged when done.
 
 Hooked through Celery's signals: ``task_prerun`` / ``task_postrun`` in the process that runs the task;
-``task_failure`` for a pool process that died (recorded by the worker's main process);
-``task_revoked`` when a worker discards a revoked or expired message; and a run killed by its hard
-time limit through the delayed tasks' request class (:mod:`celery_redisdelay.request`). A call is
-acknowledged when Celery considers it finished, and only then. A failure to reach Redis here never
+``task_failure`` for the failures the worker's main process records itself (a pool process that died,
+a run its hard time limit ended); ``task_revoked`` when a worker discards a revoked or expired
+message. A call is acknowledged when Celery considers it finished, and only then. A failure to reach Redis here never
 fails the task: the call stays in flight and the sweep delivers it again (at-least-once).
 
 A worker also makes a ``revoke`` durable for parked calls: when the broadcast arrives, the call is
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from billiard.exceptions import WorkerLostError
 from celery import bootsteps, signals
+from celery.exceptions import TimeLimitExceeded
 from celery.states import IGNORED, REJECTED, RETRY
 from celery.utils.functional import maybe_list
 
@@ -34,6 +34,8 @@ logger = logging.getLogger(__name__)
 #: or a dropped connection (the chaos runs saw acks fail inside 0.2 s restarts), short for a worker.
 ACK_BACKOFF_SECONDS = (0.2, 1.0)
 ACK_ATTEMPTS = len(ACK_BACKOFF_SECONDS) + 1
+#: Failures of a run that the worker's main process records (the pool process never got to report).
+MAIN_PROCESS_FAILURES = (WorkerLostError, TimeLimitExceeded)
 
 
 def finishes_call(state: str, retval: Any) -> bool:
@@ -82,11 +84,11 @@ def connect(rd: RedisDelay) -> None:
             acknowledge(rd, task_id)
 
     def on_failure(sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any) -> None:
-        # A pool process that died (WorkerLostError): the worker's main process records the failure and
-        # sends this signal, unless task_reject_on_worker_lost requeued the message or the task retried.
-        # Celery will not run the call again, so neither do we. (Failures raised by the task itself are
-        # acknowledged by task_postrun, in the pool process.)
-        if task_id is not None and isinstance(exception, WorkerLostError) and owns(sender):
+        # The worker's main process records these failures itself and sends this signal (billiard reports
+        # a hard time limit through the same error callback), unless task_reject_on_worker_lost requeued
+        # the message or the task retried: Celery will not run the call again, so neither do we.
+        # Failures raised by the task itself are acknowledged by task_postrun, in the pool process.
+        if task_id is not None and isinstance(exception, MAIN_PROCESS_FAILURES) and owns(sender):
             acknowledge(rd, task_id)
 
     def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
