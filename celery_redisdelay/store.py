@@ -156,7 +156,7 @@ class CallStore:
         self,
         call_id: str,
         envelope: bytes,
-        meta: dict[str, Any],
+        meta: dict[str, Any] | str,
         *,
         countdown_ms: int | None = None,
         due_ms: int | None = None,
@@ -168,25 +168,19 @@ class CallStore:
         Status :data:`STORED`: stored under ``call_id``. :data:`KEPT` (unique): the call parked under
         ``key`` stays, nothing was stored, its id is returned. :data:`CONFLICT` (debounce): ``key`` is
         held by the returned id (or by none, when ``call_id`` was used before): park again with that id.
+        ``meta`` is the call's limits, or their stored form already (:func:`meta_json`, with the key).
         """
         when = due_args(countdown_ms, due_ms)
-        fields = {**meta, "d": 0, "s": "delayed"}
-        if mode:
-            fields["k"] = key
-        meta_json = json.dumps(fields, separators=(",", ":"))
+        stored_meta = meta if isinstance(meta, str) else meta_json(meta, key if mode else None)
         status, due, holder = self._run(
-            "park", [call_id, envelope, meta_json, *when, mode, key], f"park call {call_id}", replicated=True
+            "park", [call_id, envelope, stored_meta, *when, mode, key], f"park call {call_id}", replicated=True
         )
         return int(status), int(due), text(holder)
 
-    @staticmethod
-    def meta_json(meta: dict[str, Any]) -> str:
-        """The stored metadata of a call parked with ``meta`` (its limits)."""
-        return json.dumps({**meta, "d": 0, "s": "delayed"}, separators=(",", ":"))
-
-    def park_many(self, flat: Sequence[Any], when: tuple[str, int]) -> int:
-        """Store calls given as (id, envelope, meta JSON, ...) with one due time: ``when`` from :func:`due_args`."""
-        return int(self._run("park_many", [*when, *flat], f"park {len(flat) // 3} calls", replicated=True))
+    def park_many(self, flat: Sequence[Any], meta: str, when: tuple[str, int]) -> int:
+        """Store calls given as (id, envelope, ...) with one stored metadata (:func:`meta_json`) and one due
+        time (``when`` from :func:`due_args`); at most a thousand."""
+        return int(self._run("park_many", [*when, meta, *flat], f"park {len(flat) // 2} calls", replicated=True))
 
     def holder(self, key: str) -> str | None:
         """The id of the parked call holding a unique/debounce key (a hint: it may change at once)."""
@@ -296,10 +290,9 @@ class CallStore:
         self, group: str, item: str, size: int, max_wait_ms: int, call_id: str, meta: dict[str, Any]
     ) -> tuple[int, str | None]:
         """Add an item to a group: (items now waiting, id of the call this add released or None)."""
-        meta_json = json.dumps({**meta, "d": 0, "s": "delayed"}, separators=(",", ":"))
         waiting, released = self._run(
             "batch_add",
-            [group, item, size, max_wait_ms, call_id, meta_json],
+            [group, item, size, max_wait_ms, call_id, meta_json(meta)],
             f"add an item to batch group {group}",
             [self.keys.batch_items(group)],
             replicated=True,
@@ -315,11 +308,10 @@ class CallStore:
 
     def batch_flush(self, group: str, size: int, call_id: str, meta: dict[str, Any]) -> int:
         """Flush a due group into one call; how many items it took (0: not due or flushed already)."""
-        meta_json = json.dumps({**meta, "d": 0, "s": "delayed"}, separators=(",", ":"))
         return int(
             self._run(
                 "batch_flush",
-                [group, size, call_id, meta_json],
+                [group, size, call_id, meta_json(meta)],
                 f"flush batch group {group}",
                 [self.keys.batch_items(group)],
             )
@@ -435,6 +427,15 @@ def merged_pages(stores: Sequence[CallStore], state: str, limit: int, offset: in
     merged = [entry for store in stores for entry in store.entries(state, offset + limit, 0)]
     merged.sort(key=lambda entry: (entry.score_ms, entry.id))
     return merged[offset : offset + limit]
+
+
+def meta_json(meta: dict[str, Any], key: str | None = None) -> str:
+    """The metadata a call is parked with: its limits (and the list of a stored broker message), not yet
+    delivered, and the unique/debounce key it holds. (release.lua recognises this form at its end.)"""
+    fields = {**meta, "d": 0, "s": "delayed"}
+    if key is not None:
+        fields["k"] = key
+    return json.dumps(fields, separators=(",", ":"))
 
 
 def due_args(countdown_ms: int | None, due_ms: int | None) -> tuple[str, int]:

@@ -83,8 +83,8 @@ def direct_queue(app: Celery, envelope: Envelope) -> str | None:
 class Template:
     """The fast-path form of calls that share one envelope's routing and options.
 
-    ``render`` gives the stored form of the envelope itself, or of a copy with another id, body and
-    argument repr (``task.park_many``), without resolving routing again.
+    ``render`` gives the stored form of the envelope itself; ``text`` that of the same message with
+    other headers, properties and body (see :mod:`celery_redisdelay.templates`).
     """
 
     def __init__(self, key: str, envelope: Envelope, properties: dict[str, Any]) -> None:
@@ -123,26 +123,26 @@ class Template:
             return None  # the release script finds the list's name in the metadata JSON unescaped
         return cls(key, envelope, properties)
 
-    def render(self, call_id: str | None = None, body: bytes | None = None, argsrepr: str | None = None) -> bytes:
-        """The stored form of the envelope, or of its copy for call ``call_id`` with ``body``."""
-        envelope, properties, headers = self.envelope, self.properties, self.envelope.headers
-        first = headers["id"]
-        if call_id is not None:
-            headers = {**headers, "id": call_id, "argsrepr": argsrepr}
-            if headers.get("root_id") == first:
-                headers["root_id"] = call_id
-            if properties.get("correlation_id") == first:
-                properties = {**properties, "correlation_id": call_id}
+    def render(self) -> bytes:
+        """The stored form of the envelope."""
+        envelope = self.envelope
+        body = base64.b64encode(envelope.body).decode()
+        return self.text(envelope.headers, self.properties, body, f"{envelope.headers['id']}.1").encode()
+
+    def text(self, headers: dict[str, Any], properties: dict[str, Any], body: str, tag: str) -> str:
+        """The message text for these headers and properties, with the base64 ``body`` and the first
+        delivery's ``tag`` (also used with placeholders by :class:`~celery_redisdelay.templates.CallTemplate`)."""
+        envelope = self.envelope
         # The delivery tag comes last, so the release script finds it at the end of the message.
         message = {
-            "body": base64.b64encode(envelope.body if body is None else body).decode(),
+            "body": body,
             "content-encoding": envelope.content_encoding,
             "content-type": envelope.content_type,
             "headers": headers,
-            "properties": {**properties, "delivery_tag": f"{call_id or first}.1"},
+            "properties": {**properties, "delivery_tag": tag},
         }
         text: str = json.dumps(message)
-        return text.encode()
+        return text
 
 
 def build(app: Celery, layout: BrokerLayout, envelope: Envelope) -> tuple[bytes, str] | None:

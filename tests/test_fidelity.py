@@ -20,7 +20,6 @@ from celery.exceptions import TaskRevokedError
 from kombu import Exchange, Queue
 
 from celery_redisdelay import ConfigurationError, RedisDelay
-from celery_redisdelay.bulk import argsrepr
 from celery_redisdelay.envelope import Envelope
 from celery_redisdelay.tracking import drop_revoked
 from celery_redisdelay.wire import PREFIX
@@ -139,9 +138,9 @@ def test_park_many_keeps_the_callers_argsrepr_and_computes_celerys_otherwise(rd:
         assert Envelope.decode(rd.find(result.id).envelope).headers["argsrepr"] == "(secret)"  # type: ignore[union-attr,arg-type]
     shown = echo.park_many(calls, countdown=60)
     one_by_one = [echo.apply_async(args, countdown=60) for args in calls]
-    for bulk, single, args in zip(shown, one_by_one, calls, strict=True):
+    for bulk, single in zip(shown, one_by_one, strict=True):
         expected = Envelope.decode(rd.find(single.id).envelope).headers["argsrepr"]  # type: ignore[union-attr,arg-type]
-        assert Envelope.decode(rd.find(bulk.id).envelope).headers["argsrepr"] == expected == argsrepr(rd.app, args)  # type: ignore[union-attr,arg-type]
+        assert Envelope.decode(rd.find(bulk.id).envelope).headers["argsrepr"] == expected  # type: ignore[union-attr,arg-type]
 
 
 # -- routing that only kombu can do ------------------------------------------------------------------

@@ -358,7 +358,13 @@ class StoreMachine(RuleBasedStateMachine):
         echo = self.env.echo
         calls = [(self.counter + n,) for n in range(count)]
         # Ids in the order they are minted (not random): ties between equal due times sort by id.
-        with mock.patch.object(echo.redisdelay.shards, "new_id", side_effect=lambda store=None: self.fresh("many")):
+        shards = echo.redisdelay.shards
+        with (
+            mock.patch.object(shards, "new_id", side_effect=lambda store=None: self.fresh("many")),
+            mock.patch.object(
+                shards, "new_ids", side_effect=lambda count, store=None: [self.fresh("many") for _ in range(count)]
+            ),
+        ):
             results = echo.park_many(
                 calls,
                 countdown=countdown / 1000,
