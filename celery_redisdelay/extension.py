@@ -5,13 +5,14 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any, TypeVar, overload
 
 import redis
 from celery import Celery, Task, signals
+from kombu import serialization
 from redis.sentinel import SentinelConnectionPool
 
 from . import batch, broker_redis, tracking, wire
@@ -29,8 +30,9 @@ from .revocation import announce_revoked
 from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
 from .shards import ShardSet
-from .store import CallStore, Cancelled, Entry, merged_pages, redis_errors, text
+from .store import CallStore, Cancelled, Entry, merged_pages, meta_json, redis_errors, text
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
+from .templates import CallTemplate, Kept, TemplateCache
 from .tracking import DurableRevokeStep
 from .validation import register_validation_tasks
 
@@ -379,11 +381,13 @@ class RedisDelay:
         mode: str = "",
         key: str = "",
         capture: list[tuple[Envelope, Due, dict[str, Any]]] | None = None,
+        learn: tuple[Any, ...] | None = None,
     ) -> Iterator[ParkingProducer]:
         """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
 
         ``mode`` ``unique`` or ``debounce`` parks it under ``key`` (see :meth:`CallStore.park_keyed`);
-        the producer's ``outcome`` then tells what the store did.
+        the producer's ``outcome`` then tells what the store did. With ``learn``, a template of the call
+        is kept under that key (see :mod:`celery_redisdelay.templates`) for the calls like it.
         """
 
         def park(envelope: Envelope) -> tuple[int, str]:
@@ -391,22 +395,53 @@ class RedisDelay:
                 capture.append((envelope, due, meta))
                 return 1, task_id
             try:
-                fast = wire.build(self.app, self.broker_layout, envelope) if self.wire_format else None
-                encoded = fast[0] if fast else envelope.encode()
+                fast = wire.Template.of(self.app, self.broker_layout, envelope) if self.wire_format else None
+                encoded = fast.render() if fast else envelope.encode()
             except (TypeError, ValueError) as exc:
                 raise PayloadError(
                     f"cannot store the message of {envelope.task}: its headers or options are not "
                     f"JSON-serializable ({exc}); nothing was stored"
                 ) from exc
             self.check_size(envelope.task, len(encoded))
-            stored_meta = {**meta, "l": fast[1]} if fast else meta  # the list the release script pushes to
+            stored_meta = {**meta, "l": fast.key} if fast else meta  # the list the release script pushes to
             status, _, holder = self.shards.home(task_id).park_keyed(
                 task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
             )
+            if learn is not None:
+                given = dict(learn[1])
+                serializer = serialization.registry.type_to_name.get(envelope.content_type)
+                fixed = ("argsrepr" in given, "kwargsrepr" in given)
+                template = CallTemplate.of(self.app, envelope, encoded, fast, serializer, fixed_reprs=fixed)
+                self.templates.keep(learn, template, stored_meta)
             return status, holder
 
         with self.app.producer_or_acquire() as real:
             yield ParkingProducer(real, task_id, park, self.accepted_content_types)
+
+    @cached_property
+    def templates(self) -> TemplateCache:
+        """Templates of single calls by task and options (see :mod:`celery_redisdelay.templates`)."""
+        return TemplateCache()
+
+    def park_from(
+        self, kept: Kept, task: DelayedTask, call_id: str, args: Any, kwargs: Any, due: Due, mode: str, key: str
+    ) -> tuple[int, str]:
+        """Park a call rendered from a kept template, without Celery: (status, id), as the parking
+        producer's ``outcome``. The arguments are checked as Celery checks them first."""
+        args, kwargs = args or (), kwargs or {}
+        if not isinstance(args, list | tuple):
+            raise TypeError("task args must be a list or tuple")
+        if not isinstance(kwargs, Mapping):
+            raise TypeError("task keyword arguments must be a mapping")
+        if task.typing:
+            task.__header__(*args, **kwargs)
+        stored = kept.template.render(call_id, args, kwargs)
+        self.check_size(kept.template.task, len(stored))
+        meta = meta_json(kept.meta, key) if mode else kept.stored_meta
+        status, _, holder = self.shards.home(call_id).park_keyed(
+            call_id, stored, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
+        )
+        return status, holder
 
     def check_size(self, what: str, size: int) -> None:
         """Refuse to store more than ``redisdelay_max_payload_bytes`` for one call (or batch item)."""

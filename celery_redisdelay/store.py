@@ -98,7 +98,7 @@ class CallStore:
         self.wait_replicas = wait_replicas
         self.wait_ms = wait_ms
         self._scripts = Scripts(client)
-        self._keys = keys.store_keys
+        self._keys: list[str | bytes] = [key.encode() for key in keys.store_keys]  # sent with every call: encoded once
 
     def _run(
         self,
@@ -124,7 +124,7 @@ class CallStore:
                 self.client.connection_pool.disconnect()
                 return self._call(script, keys, list(args), action, replicated)
 
-    def _call(self, script: Any, keys: list[str], args: list[Any], action: str, replicated: bool) -> Any:
+    def _call(self, script: Any, keys: list[str | bytes], args: list[Any], action: str, replicated: bool) -> Any:
         if not (replicated and self.wait_replicas):
             return script(keys=keys, args=args)
         # WAIT counts the replicas that have this connection's writes: script and WAIT share a pipeline.

@@ -17,6 +17,7 @@ from .errors import Abandon, ConfigurationError, Deferred, RedisDelayError, Sche
 from .keys import group_id
 from .schedule import lock_ms, resolve_due, seconds
 from .store import CONFLICT
+from .templates import template_key
 
 if TYPE_CHECKING:
     from .extension import RedisDelay
@@ -158,15 +159,24 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         app = self._get_app()
         for name, value in self.routing_options.items():
             options.setdefault(name, value)
+        eta = options.pop("eta", None)
         due = resolve_due(
             options.pop("countdown", None),
-            options.pop("eta", None),
+            eta,
             default_countdown=self.default_countdown,
-            timezone=app.conf.timezone,
+            timezone=app.conf.timezone if eta is not None else None,  # only an eta needs it
         )
 
+        rd = self.redisdelay
+        # Calls like one Celery built before are rendered from its template (templates.py).
+        kept_key = template_key(self, options, limits) if capture is None else None
+
         def send(call_id: str) -> tuple[int, str]:
-            with self.redisdelay.parking_producer(call_id, due, limits, mode, key, capture) as parking:
+            kept = rd.templates.get(kept_key)
+            if kept is not None:
+                return rd.park_from(kept, self, call_id, args, kwargs, due, mode, key)
+            learn = kept_key if rd.templates.wanted(kept_key) else None
+            with rd.parking_producer(call_id, due, limits, mode, key, capture, learn) as parking:
                 try:
                     build(call_id, parking, dict(options))
                 except OperationalError as exc:

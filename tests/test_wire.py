@@ -22,6 +22,7 @@ from kombu import Exchange, Queue
 from celery_redisdelay import ConfigurationError, RedisDelay
 from celery_redisdelay.envelope import Envelope, EnvelopeError
 from celery_redisdelay.testing import wait_for
+from celery_redisdelay.templates import KEPT_OPTIONS
 from celery_redisdelay.wire import PREFIX, BrokerLayout
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -270,14 +271,22 @@ FIDELITY_CASES: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 ]
 
 
+@pytest.mark.parametrize("how", ["built by Celery", "from a template"])
 @pytest.mark.parametrize("store", ["same database", "other database"])
 @pytest.mark.parametrize(("name", "conf", "options"), FIDELITY_CASES, ids=[case[0] for case in FIDELITY_CASES])
 def test_a_released_call_is_the_message_celery_publishes(
-    redis_server: Any, client: redis.Redis, store: str, name: str, conf: dict[str, Any], options: dict[str, Any]
+    redis_server: Any,
+    client: redis.Redis,
+    how: str,
+    store: str,
+    name: str,
+    conf: dict[str, Any],
+    options: dict[str, Any],
 ) -> None:
     """The same call published by a plain ``@app.task`` through kombu's own Redis channel, and parked by
     ``@rd.delayed`` (countdown 0) then released: what lands in the broker list is the same, byte order
-    of the JSON included, but for the delivery tag and the app's reply queue."""
+    of the JSON included, but for the delivery tag and the app's reply queue. Parked as the first call
+    of its kind (Celery builds it) or after two like it (rendered from their template)."""
     queue = f"q-fidelity-{uuid.uuid4().hex[:8]}"
     common = {"task_default_queue": queue, "task_create_missing_queues": True, **conf}
     plain_app = Celery("plain", broker=f"{redis_server.url}/0", set_as_current=False)
@@ -310,6 +319,10 @@ def test_a_released_call_is_the_message_celery_publishes(
         plain.apply_async(args, kwargs, task_id="the-call", **options)
         [celery_list] = [key for key in lists if client.llen(key) > before[key]]
         celery_message = client.lpop(celery_list)
+        if how == "from a template":
+            for _ in range(2):
+                rd.cancel(delayed.apply_async(args, kwargs, countdown=60, **options).id)
+            assert bool(rd.templates._made) == (set(options) <= KEPT_OPTIONS), "a template when the options allow"
         assert delayed.apply_async(args, kwargs, task_id="the-call", countdown=0, **options).id == "the-call"
         assert rd.tick()["released"] == 1
         [our_list] = [key for key in lists if client.llen(key) > before[key]]

@@ -130,9 +130,12 @@ end
 
 -- Store a call and put it in the delay set, due at ``due``.
 local function store(id, envelope, meta_json, due)
-    free_key(id, load_meta(id))
+    if redis.call('HSETNX', META, id, meta_json) == 0 then
+        -- An id parked before (a retry parks its call again): it gives up the key it held.
+        free_key(id, load_meta(id))
+        redis.call('HSET', META, id, meta_json)
+    end
     redis.call('HSET', PAYLOADS, id, envelope)
-    redis.call('HSET', META, id, meta_json)
     redis.call('ZREM', INFLIGHT, id)
     redis.call('ZREM', DEAD, id)
     mark_if_earliest(due, id)

@@ -1,0 +1,185 @@
+"""Call templates render the message Celery builds: the per-call values are computed as Celery and kombu
+compute them (proven on random values here), and a call rendered from a template is stored byte for
+byte as the same call built by Celery."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+from celery.utils.saferepr import saferepr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kombu.serialization import dumps
+from kombu.utils import json as kombu_json
+
+from celery_redisdelay import RedisDelay
+from celery_redisdelay.shards import fresh_ids
+from celery_redisdelay.templates import CallTemplate, TemplateCache, flat_saferepr
+
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+#: The embedded part of the body of a call without callbacks, chain or chord (protocol 2).
+PLAIN_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+scalars = st.one_of(
+    st.text(max_size=30),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.none(),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(scalars, max_size=12).map(tuple), st.sampled_from([8, 40, 1024]))
+def test_flat_reprs_are_celerys_saferepr(args: tuple[Any, ...], maxlen: int) -> None:
+    shown = flat_saferepr(args, maxlen)
+    assert shown is None or shown == saferepr(args, maxlen)
+    if len(repr(args)) < maxlen // 2 and all(not isinstance(a, str) or "\\" not in a for a in args):
+        assert shown is not None, "short flat tuples take the direct way"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=10), scalars, max_size=6), st.sampled_from([16, 1024]))
+def test_flat_dict_reprs_are_celerys_saferepr(kwargs: dict[str, Any], maxlen: int) -> None:
+    shown = flat_saferepr(kwargs, maxlen)
+    assert shown is None or shown == saferepr(kwargs, maxlen)
+
+
+@pytest.mark.parametrize("value", [[1, 2], ((1,),), {1: "a"}, (object(),), "text", (b"bytes",)])
+def test_anything_else_goes_to_saferepr_itself(value: Any) -> None:
+    assert flat_saferepr(value, 1024) is None
+
+
+json_values = st.recursive(
+    scalars.filter(lambda v: not isinstance(v, float) or v == v)
+    | st.datetimes(timezones=st.just(UTC))
+    | st.uuids()
+    | st.decimals(allow_nan=False, allow_infinity=False),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(json_values, max_size=5).map(tuple), st.dictionaries(st.text(max_size=5), json_values, max_size=3))
+def test_the_json_body_of_the_args_alone_is_kombus(args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """kombu's JSON of (args, kwargs, embed) is the JSON of the args joined to the rest as its encoder
+    joins list items: park_many encodes only the args of each call."""
+    template = CallTemplate.__new__(CallTemplate)
+    template.serializer, template.embed, template.task = "json", PLAIN_EMBED, "t"
+    _, _, kombus = dumps((args, kwargs, PLAIN_EMBED), serializer="json")
+    rest = template.body_rest(kwargs)
+    assert rest is not None
+    assert template.body(args, kwargs, rest) == kombus.encode() == template.body(args, kwargs)
+
+
+def test_fresh_ids_are_uuid4_strings() -> None:
+    ids = fresh_ids(2000)
+    assert len(set(ids)) == 2000
+    for call_id in ids[:200]:
+        parsed = uuid.UUID(call_id)
+        assert str(parsed) == call_id and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+# -- single calls rendered from a kept template ------------------------------------------------------
+
+OPTION_SETS: list[dict[str, Any]] = [
+    {},
+    {"priority": 7},
+    {"queue": "q-templates-routed"},
+    {"headers": {"tenant": "t1"}, "shadow": "shadowed"},
+    {"time_limit": 30, "soft_time_limit": 10, "ignore_result": True},
+    {"argsrepr": "(secret)", "kwargsrepr": "{}"},
+    {"serializer": "pickle"},
+]
+ARGS: list[tuple[Any, ...]] = [(1, "it's"), ('a "quoted"\nline', None, 2.5), ([1, {"x": datetime(2030, 1, 1)}],)]
+
+
+@pytest.mark.parametrize("store", ["same database", "other database"])
+@pytest.mark.parametrize("options", OPTION_SETS, ids=[str(sorted(o)) or "none" for o in OPTION_SETS])
+def test_a_call_rendered_from_a_template_is_stored_as_celery_builds_it(
+    make_app: MakeApp, redis_server: Any, store: str, options: dict[str, Any]
+) -> None:
+    conf: dict[str, Any] = {"task_create_missing_queues": True, "accept_content": ["json", "pickle"]}
+    if store == "other database":
+        conf["redisdelay_url"] = f"{redis_server.url}/3"
+    _, rd = make_app(**conf)
+
+    @rd.delayed(name="tests.templates.echo")
+    def echo(*args: Any, **kwargs: Any) -> None: ...
+
+    def stored(call_id: str) -> bytes:
+        entry = rd.find(call_id)
+        assert entry is not None and entry.envelope is not None
+        return entry.envelope.replace(call_id.encode(), b"<id>")
+
+    for warm in range(2):  # the second call of a kind leaves a template
+        echo.apply_async((warm,), {"k": warm}, countdown=60, **options)
+    kept = rd.templates
+    assert len(kept._made) == 1
+    for args in ARGS:
+        rd.templates = kept
+        rendered = echo.apply_async(args, {"k": "v"}, countdown=60, task_id=f"r-{uuid.uuid4()}", **options)
+        rd.templates = TemplateCache()  # an empty one: this call goes through Celery
+        built = echo.apply_async(args, {"k": "v"}, countdown=60, task_id=f"b-{uuid.uuid4()}", **options)
+        assert stored(rendered.id) == stored(built.id)
+        assert rd.find(rendered.id).meta == rd.find(built.id).meta  # type: ignore[union-attr]
+
+
+def test_publish_signal_receivers_get_every_call_from_celery(rd: RedisDelay) -> None:
+    @rd.delayed(name="tests.templates.signalled")
+    def signalled(x: int) -> None: ...
+
+    seen: list[tuple[Any, ...]] = []
+
+    def receiver(sender: Any = None, body: Any = None, headers: Any = None, **_: Any) -> None:
+        seen.append((sender, body[0], headers["id"]))
+
+    signals.before_task_publish.connect(receiver)
+    try:
+        ids = [signalled.apply_async((n,), countdown=60).id for n in range(4)]
+    finally:
+        signals.before_task_publish.disconnect(receiver)
+    assert seen == [("tests.templates.signalled", (n,), ids[n]) for n in range(4)]
+    assert not rd.templates._made, "no template while someone listens"
+    for n in range(3):
+        signalled.apply_async((n,), countdown=60)
+    assert rd.templates._made, "a template once nobody listens"
+
+
+def test_a_result_is_waited_for_without_a_subscription_at_the_park(make_app: MakeApp, redis_server: Any) -> None:
+    """The Redis result backend subscribes to a task's result when the call is sent; a call rendered
+    from a template leaves that to ``get()``, which subscribes and also reads a result stored before."""
+    app, rd = make_app(result_backend=f"{redis_server.url}/6")
+
+    @rd.delayed(name="tests.templates.answer")
+    def answer() -> int: ...
+
+    results = [answer.apply_async(countdown=60) for _ in range(4)]
+    assert rd.templates._made and results[-1].id not in app.backend.result_consumer.subscribed_to
+    early, late = results[-2], results[-1]
+    app.backend.store_result(early.id, 41, "SUCCESS")
+    assert (early.state, early.ready(), early.get(timeout=5)) == ("SUCCESS", True, 41)
+    waiting = threading.Timer(0.3, lambda: app.backend.store_result(late.id, 42, "SUCCESS"))
+    assert late.state == "PENDING" and not late.ready()
+    waiting.start()
+    try:
+        assert late.get(timeout=10) == 42, "get() subscribed and heard the result stored after it began"
+    finally:
+        waiting.cancel()
+
+
+def test_calls_whose_options_differ_each_time_make_no_template(rd: RedisDelay) -> None:
+    @rd.delayed(name="tests.templates.traced")
+    def traced() -> None: ...
+
+    for n in range(5):
+        traced.apply_async(countdown=60, headers={"trace": str(n)})
+    assert not rd.templates._made
+    assert kombu_json.dumps(PLAIN_EMBED) == '{"callbacks": null, "errbacks": null, "chain": null, "chord": null}'
