@@ -182,7 +182,7 @@ class Scanner:
             members, size = pipe.execute()
             ids = [text(member) for member, _ in members]
             found: Any = store.client.hmget(store.keys.meta, ids) if ids else []
-            metas = [decode_meta(raw) for raw in found]
+            metas = [decode_meta(raw, self.state) for raw in found]
             wanted = [i for i, meta in enumerate(metas) if self.payloads == "all" or not meta.get("l")]
             raws: Any = store.client.hmget(store.keys.payloads, [ids[i] for i in wanted]) if wanted else []
         payloads: list[bytes | None] = [None] * len(ids)

@@ -385,7 +385,7 @@ class CallStore:
             *scores, meta_raw, envelope = pipe.execute()
         for state, score in zip(STATES, scores, strict=True):
             if score is not None:
-                return Entry(call_id, state, score, decode_meta(meta_raw), envelope)
+                return Entry(call_id, state, score, decode_meta(meta_raw, state), envelope)
         return None
 
     def entries(self, state: str, limit: int = 100, offset: int = 0) -> list[Entry]:
@@ -396,7 +396,7 @@ class CallStore:
             ids = [text(member) for member, _ in members]
             metas: Any = self.client.hmget(self.keys.meta, ids) if ids else []
         return [
-            Entry(call_id, state, score, decode_meta(meta), None)
+            Entry(call_id, state, score, decode_meta(meta, state), None)
             for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
         ]
 
@@ -447,9 +447,16 @@ def due_args(countdown_ms: int | None, due_ms: int | None) -> tuple[str, int]:
     raise ValueError("give countdown_ms or due_ms")
 
 
-def decode_meta(raw: bytes | None) -> dict[str, Any]:
+def decode_meta(raw: bytes | None, state: str | None = None) -> dict[str, Any]:
+    """A call's stored metadata; with its ``state``, as it stands there: release.lua leaves a first
+    delivery's metadata as parked, which in flight means queued, delivery 1 (prelude.lua's
+    ``load_inflight_meta``)."""
     try:
         meta = json.loads(raw) if raw else {}
     except ValueError:
         return {}
-    return meta if isinstance(meta, dict) else {}
+    if not isinstance(meta, dict):
+        return {}
+    if state == "inflight" and meta.get("s") == "delayed" and not meta.get("d"):
+        meta.update(s="queued", d=1)
+    return meta

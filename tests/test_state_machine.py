@@ -716,11 +716,20 @@ class StoreMachine(RuleBasedStateMachine):
         def zset(members: list[tuple[bytes, float]]) -> dict[str, float]:
             return {text(member): score for member, score in members}
 
+        in_flight = zset(inflight)
+
+        def as_it_stands(call_id: str, stored: dict[str, Any]) -> dict[str, Any]:
+            # A first delivery's metadata stays as parked: in flight, delayed with none delivered means
+            # queued, delivery 1 (README, the life of a call).
+            if call_id in in_flight and stored.get("s") == "delayed" and not stored.get("d"):
+                return {**stored, "s": "queued", "d": 1}
+            return stored
+
         return Snapshot(
             now=int(seconds) * 1000 + int(micros) // 1000,
-            sets={"delayed": zset(delayed), "inflight": zset(inflight), "dead": zset(dead)},
+            sets={"delayed": zset(delayed), "inflight": in_flight, "dead": zset(dead)},
             payloads={text(k): v for k, v in payloads.items()},
-            meta={text(k): json.loads(v) for k, v in meta.items()},
+            meta={text(k): as_it_stands(text(k), json.loads(v)) for k, v in meta.items()},
             index={text(k): text(v) for k, v in index.items()},
             batches=zset(batches),
             counters={text(k): int(v) for k, v in counters.items()},

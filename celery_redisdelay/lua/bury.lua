@@ -11,5 +11,5 @@ end
 if not (inflight or redis.call('ZSCORE', DELAYED, id) or redis.call('ZSCORE', DEAD, id)) then
     return 0
 end
-bury(id, load_meta(id), ARGV[2], now_ms())
+bury(id, inflight and load_inflight_meta(id) or load_meta(id), ARGV[2], now_ms())
 return 1

@@ -30,7 +30,7 @@ local wait = tonumber(ARGV[4])
 if ttl >= 0 then
     wait = math.min(wait, ttl + 1)
 end
-local meta = load_meta(id)
+local meta = load_inflight_meta(id)
 meta.s = 'deferred'
 meta.d = math.max((tonumber(meta.d) or 1) - 1, 0)  -- a deferral is not a failed delivery
 meta.w = (tonumber(meta.w) or 0) + 1

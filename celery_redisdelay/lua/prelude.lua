@@ -7,7 +7,8 @@
 --   KEYS[4] payloads  hash  id -> envelope (opaque to Lua), or a batch stub (see batch_add.lua)
 --   KEYS[5] meta      hash  id -> small JSON object:
 --       d deliveries, m max deliveries, r run timeout (ms), q queue timeout (ms), t task name,
---       s state (delayed | claimed | queued | running | swept | deferred | dead), why (dead reason),
+--       s state (delayed | claimed | queued | running | swept | deferred | dead), why (dead reason);
+--       in flight, 'delayed' with d 0 stands for queued, d 1 (see load_inflight_meta),
 --       k the unique/debounce key the call holds while it is parked, w deferrals behind a busy lock,
 --       l the queue list a stored broker message goes to (the fast release path, see release.lua)
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
@@ -66,6 +67,17 @@ local function load_meta(id)
         return meta
     end
     return {}
+end
+
+-- The metadata of a call in flight. release.lua leaves a first delivery's metadata as the park wrote
+-- it (one write less per call), so in flight 'delayed' with no delivery means queued, delivery 1.
+local function load_inflight_meta(id)
+    local meta = load_meta(id)
+    if meta.s == 'delayed' and (tonumber(meta.d) or 0) == 0 then
+        meta.s = 'queued'
+        meta.d = 1
+    end
+    return meta
 end
 
 local function save_meta(id, meta)
@@ -164,31 +176,57 @@ end
 
 -- Release lateness for metrics: how long after its due time each call left the delay set, counted
 -- per bucket (upper bounds in ms; the last bucket is unbounded), with the total. ``rows`` is a
--- ZRANGEBYSCORE ... WITHSCORES reply (oldest first, so lateness only falls along it); ``skipped[i]``
--- marks the i-th call as not released (dead-lettered instead).
+-- ZRANGEBYSCORE ... WITHSCORES reply, oldest first, so lateness only falls along it: the calls no later
+-- than a bound are a tail of the rows, found by bisection. ``skipped[i]`` marks the i-th call as not
+-- released (dead-lettered instead); with any, each call is looked at instead.
 local LATENESS_BOUNDS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000}
 local function count_releases(rows, skipped, now)
+    local n = #rows / 2
     local counts, total, sum = {}, 0, 0
-    local bucket = #LATENESS_BOUNDS + 1  -- the unbounded one; walks down as lateness falls
-    for i = 2, #rows, 2 do
-        if not skipped[i / 2] then
-            local late = now - tonumber(rows[i])
-            if late < 0 then
-                late = 0
+    if next(skipped) == nil then
+        -- cumulative[b]: calls at most LATENESS_BOUNDS[b] late, the rows from the first due at or
+        -- after now - bound (a bisection over the due times)
+        local previous = 0
+        for b, bound in ipairs(LATENESS_BOUNDS) do
+            local low, high = 1, n + 1
+            while low < high do
+                local middle = math.floor((low + high) / 2)
+                if tonumber(rows[2 * middle]) >= now - bound then
+                    high = middle
+                else
+                    low = middle + 1
+                end
             end
-            while bucket > 1 and late <= LATENESS_BOUNDS[bucket - 1] do
-                bucket = bucket - 1
+            local within = n + 1 - low
+            counts[b] = within - previous
+            previous = within
+        end
+        counts[#LATENESS_BOUNDS + 1] = n - previous
+        for i = 2, #rows, 2 do
+            sum = sum + tonumber(rows[i])
+        end
+        total, sum = n, n * now - sum
+    else
+        local bucket = #LATENESS_BOUNDS + 1  -- the unbounded one; walks down as lateness falls
+        for i = 2, #rows, 2 do
+            if not skipped[i / 2] then
+                local late = math.max(now - tonumber(rows[i]), 0)
+                while bucket > 1 and late <= LATENESS_BOUNDS[bucket - 1] do
+                    bucket = bucket - 1
+                end
+                counts[bucket] = (counts[bucket] or 0) + 1
+                total = total + 1
+                sum = sum + late
             end
-            counts[bucket] = (counts[bucket] or 0) + 1
-            total = total + 1
-            sum = sum + late
         end
     end
     if total > 0 then
         redis.call('HINCRBY', COUNTERS, 'released', total)
         redis.call('HINCRBY', COUNTERS, 'late_ms_sum', sum)
-        for index, n in pairs(counts) do
-            redis.call('HINCRBY', COUNTERS, 'late_le_' .. (LATENESS_BOUNDS[index] or 'inf'), n)
+        for index, count in pairs(counts) do
+            if count > 0 then
+                redis.call('HINCRBY', COUNTERS, 'late_le_' .. (LATENESS_BOUNDS[index] or 'inf'), count)
+            end
         end
     end
 end

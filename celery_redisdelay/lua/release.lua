@@ -3,6 +3,8 @@
 -- step and is in flight with its queue deadline at once. Its first delivery is pushed exactly as
 -- stored (delivery tag '<id>.1'), a later one with the tag '<id>.<delivery>'. Any other call, and a
 -- message without its own tag (not ours), is claimed for the generic path, as claim.lua does.
+-- A first delivery leaves the metadata as the park wrote it: in flight, that form means "queued, first
+-- delivery" (see load_inflight_meta), so the only writes per call are the moves and the push.
 -- KEYS[10..]: the queue lists this app's messages may go to (kombu's names, priorities included).
 -- ARGV: 1 most calls to take, 2 claim timeout (ms), 3 default queue timeout (ms)
 -- Returns: {examined, pushed, id, payload, deliveries, list, ...}: due ids looked at, calls pushed, then the
@@ -28,6 +30,28 @@ local function message_for(id, payload, delivery)
     return string.sub(payload, 1, -#ending - 1) .. '"delivery_tag": "' .. id .. '.' .. delivery .. '"}}'
 end
 
+-- Where a first delivery goes, from its metadata as the park wrote it (the limits, the list, then
+-- ',"d":0,"s":"delayed"}', no unique key): {list, queue timeout}, or false for the general case. Calls
+-- of one task share their metadata text (and Lua shares equal strings), so each text is read once.
+local FRESH = ',"d":0,"s":"delayed"}'
+local PREFIX, FIRST_TAG_END = '{"body": "', '.1"}}'
+local default_queue_ms = tonumber(ARGV[3])
+local routes = {}
+local function route_of(raw)
+    local route = routes[raw]
+    if route == nil then
+        route = false
+        if string.sub(raw, -#FRESH) == FRESH and not string.find(raw, ',"k":', 1, true) then
+            local key = string.match(raw, ',"l":"([^"\\]*)",')
+            if key and lists[key] then
+                route = {key, tonumber(string.match(raw, ',"q":(%d+),')) or default_queue_ms}
+            end
+        end
+        routes[raw] = route
+    end
+    return route
+end
+
 -- Run a command with many arguments in chunks (Lua's unpack has a limit).
 local function bulk(command, key, args)
     for i = 1, #args, 1000 do
@@ -46,26 +70,10 @@ if #ids == 0 then
     return out
 end
 local claim_deadline = now + tonumber(ARGV[2])
-local default_queue_ms = tonumber(ARGV[3])
 local payloads = redis.call('HMGET', PAYLOADS, unpack(ids))
 local raw_metas = redis.call('HMGET', META, unpack(ids))
 local taken, deadlines, metas, pushes, buried = {}, {}, {}, {}, {}
 local pushed = 0
--- The common case, without decoding JSON: the first delivery of a call whose metadata is exactly as
--- the park wrote it (limits, the list, then ',"d":0,"s":"delayed"}'; no unique key). Returns the list,
--- the new metadata and the queue timeout, or nil for the general case below.
-local FRESH = ',"d":0,"s":"delayed"}'
-local function first_delivery(raw)
-    if not raw or string.sub(raw, -#FRESH) ~= FRESH or string.find(raw, ',"k":', 1, true) then
-        return nil
-    end
-    local key = string.match(raw, ',"l":"([^"\\]*)",')
-    if not key or not lists[key] then
-        return nil
-    end
-    local queue_ms = tonumber(string.match(raw, ',"q":(%d+),')) or default_queue_ms
-    return key, string.sub(raw, 1, -#FRESH - 1) .. ',"d":1,"s":"queued"}', queue_ms
-end
 
 local function push(key, message)
     local list = pushes[key]
@@ -78,24 +86,20 @@ local function push(key, message)
 end
 
 for i, id in ipairs(ids) do
-    local payload = payloads[i]
-    local fresh_key, fresh_meta, queue_ms
-    if payload then
-        fresh_key, fresh_meta, queue_ms = first_delivery(raw_metas[i])
-    end
-    local message = fresh_key and message_for(id, payload, 1)
-    if message then
+    local payload, raw = payloads[i], raw_metas[i]
+    local route = payload and raw and route_of(raw)
+    -- A broker message of this very call: it starts as kombu's do and ends with its own first tag.
+    if route and string.sub(payload, 1, 10) == PREFIX and string.sub(payload, -5) == FIRST_TAG_END
+        and string.find(payload, id, -(#id + 5), true) then
         taken[#taken + 1] = id
-        push(fresh_key, message)
-        deadlines[#deadlines + 1] = now + queue_ms
+        push(route[1], payload)
+        deadlines[#deadlines + 1] = now + route[2]
         deadlines[#deadlines + 1] = id
-        metas[#metas + 1] = id
-        metas[#metas + 1] = fresh_meta
     elseif not payload then
         bury(id, load_meta(id), 'payload missing at release', now)
         buried[i] = true
     else
-        local ok, meta = pcall(cjson.decode, raw_metas[i] or '{}')
+        local ok, meta = pcall(cjson.decode, raw or '{}')
         if not ok or type(meta) ~= 'table' then
             meta = {}  -- corrupt metadata must not stop the release
         end
@@ -128,7 +132,9 @@ end
 if #taken > 0 then
     bulk('ZREM', DELAYED, taken)
     bulk('ZADD', INFLIGHT, deadlines)
-    bulk('HSET', META, metas)
+    if #metas > 0 then
+        bulk('HSET', META, metas)
+    end
     for key, messages in pairs(pushes) do
         bulk('LPUSH', key, messages)
     end

@@ -4,14 +4,15 @@
 -- ARGV: 1 id, 2 default run timeout (ms)
 -- Returns: 1 tracked, 2 taken back from the delay set, 0 unknown (cancelled, acknowledged or never parked).
 local id = ARGV[1]
-local meta = load_meta(id)
-local status = 0
+local meta, status
 if redis.call('ZSCORE', INFLIGHT, id) then
-    status = 1
-elseif meta.s == 'swept' and redis.call('ZREM', DELAYED, id) == 1 then
-    status = 2
+    meta, status = load_inflight_meta(id), 1
 else
-    return 0
+    meta = load_meta(id)
+    if meta.s ~= 'swept' or redis.call('ZREM', DELAYED, id) == 0 then
+        return 0
+    end
+    status = 2
 end
 meta.s = 'running'
 save_meta(id, meta)

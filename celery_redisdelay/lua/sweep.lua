@@ -6,7 +6,7 @@ local now = now_ms()
 local ids = redis.call('ZRANGEBYSCORE', INFLIGHT, '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
 local requeued, buried = 0, 0
 for _, id in ipairs(ids) do
-    local meta = load_meta(id)
+    local meta = load_inflight_meta(id)
     local deliveries = tonumber(meta.d) or 0
     local limit = tonumber(meta.m) or tonumber(ARGV[2])
     if redis.call('HEXISTS', PAYLOADS, id) == 0 then
