@@ -8,7 +8,7 @@ delayed call, started by a signal in the broker's Redis so that its start-up is 
    which loads the sweep and claim scripts on every shard, load the confirm script (a confirm of an id
    the store does not hold changes nothing), and declare the release queue through the producer;
 2. ``RPUSH PREFIX:ready LABEL``, then ``BLPOP PREFIX:start``;
-3. tick until the store holds no delayed call;
+3. tick until the store (with ``--shard N``, its shard N alone) holds no delayed call;
 4. ``RPUSH PREFIX:done`` a JSON report: calls this process released, ticks, seconds from its start signal
    and the CPU seconds it used meanwhile.
 
@@ -33,15 +33,18 @@ DEADLINE = 600.0  # seconds a release may take before the process gives up
 WAIT_FOR_START = 600.0
 
 
-def release_all(rd: Any) -> tuple[int, int]:
-    """Tick until no delayed call is left: (calls this process released, ticks)."""
+def release_all(rd: Any, shard: int | None = None) -> tuple[int, int]:
+    """Tick (over every shard, or over ``shard`` alone) until it holds no delayed call: (calls this
+    process released, ticks)."""
     released = ticks = 0
     deadline = time.monotonic() + DEADLINE
+    shards = None if shard is None else [shard]
     while True:
-        report = rd.tick()
+        report = rd.tick(shards=shards)
         ticks += 1
         released += report["released"]
-        if rd.stats()["delayed"] == 0:
+        left = rd.stats() if shard is None else rd.shards.stores[shard].stats()
+        if left["delayed"] == 0:
             return released, ticks
         if time.monotonic() > deadline:
             raise TimeoutError(f"released {released} calls in {DEADLINE:.0f} s and the store still holds some")
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", required=True, help="redisdelay_url of the store")
     parser.add_argument("--shards", type=int, required=True, help="redisdelay_shards")
     parser.add_argument("--keys", required=True, help="prefix of the ready/start/done keys in the broker's Redis")
+    parser.add_argument("--shard", type=int, help="release this shard only (releasers that own a shard each)")
     parser.add_argument("--profile", help="write cProfile statistics of the release loop here")
     args = parser.parse_args(argv)
     broker_url = os.environ[ENV_URL]
@@ -85,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     started, cpu = time.monotonic(), time.process_time()
     if args.profile:
         profiler = cProfile.Profile()
-        released, ticks = profiler.runcall(release_all, rd)
+        released, ticks = profiler.runcall(release_all, rd, args.shard)
         seconds = time.monotonic() - started
         profiler.dump_stats(args.profile)
     else:
-        released, ticks = release_all(rd)
+        released, ticks = release_all(rd, args.shard)
         seconds = time.monotonic() - started
     cpu = time.process_time() - cpu
     report = {

@@ -46,11 +46,21 @@ for _command in cli_actions.COMMANDS:
 @click.option(
     "--longest-sleep", type=click.FloatRange(0.01, 60), default=1.0, show_default=True, help="Seconds between looks."
 )
+@click.option(
+    "--shard",
+    "shards",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="Release only this shard (0 to redisdelay_shards - 1); repeat for more. Default: every shard.",
+)
 @click.pass_context
-def releaser(ctx: click.Context, longest_sleep: float) -> None:
-    """Release each call the moment it is due (runs until SIGTERM or Ctrl-C; the beat tick stays the backstop)."""
+def releaser(ctx: click.Context, longest_sleep: float, shards: tuple[int, ...]) -> None:
+    """Release each call the moment it is due (runs until SIGTERM or Ctrl-C; the beat tick stays the backstop).
+
+    On a sharded store, releasers that each own their shards (--shard) do not compete for any.
+    """
     rd = extension(ctx)
-    running = PreciseReleasers(rd, longest_sleep=longest_sleep)
+    running = PreciseReleasers(rd, longest_sleep=longest_sleep, shards=shards or None)
 
     on_stop_signals(running.stop)
     click.echo(f"redisdelay releaser: releasing calls of {rd.app.main} as they fall due (pid {os.getpid()})")

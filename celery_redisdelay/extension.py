@@ -598,9 +598,11 @@ class RedisDelay:
         """A page of dead-lettered calls, oldest first over all shards; each entry's ``meta['why']`` says why."""
         return merged_pages(self.shards.all(), "dead", limit, offset)
 
-    def tick(self) -> dict[str, int]:
-        """Sweep timed-out calls and release due ones (the body of the ``redisdelay.tick`` task)."""
-        report: TickReport = tick_all(self.releasers)
+    def tick(self, shards: Sequence[int] | None = None) -> dict[str, int]:
+        """Sweep timed-out calls and release due ones (the body of the ``redisdelay.tick`` task): on every
+        shard, retired ones included, or on the configured shards of these indexes only."""
+        releasers = self.releasers if shards is None else [self.releaser_for(s) for s in self.shards.pick(shards)]
+        report: TickReport = tick_all(releasers)
         if report.released or report.requeued or report.dead:
             logger.info("redisdelay tick: %s", report.as_dict())
         return report.as_dict()

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -134,12 +135,13 @@ class PreciseReleaser:
 
 
 class PreciseReleasers:
-    """One :class:`PreciseReleaser` per configured shard, each in its own thread; :meth:`run` blocks."""
+    """One :class:`PreciseReleaser` per configured shard (or per shard of ``shards``, their indexes), each in
+    its own thread; :meth:`run` blocks. Releasers that own a shard each do not compete for any."""
 
-    def __init__(self, rd: RedisDelay, longest_sleep: float = 1.0) -> None:
+    def __init__(self, rd: RedisDelay, longest_sleep: float = 1.0, shards: Sequence[int] | None = None) -> None:
         self.stopping = threading.Event()
         self.releasers = [
-            PreciseReleaser(rd, longest_sleep, store=store, stopping=self.stopping) for store in rd.shards.stores
+            PreciseReleaser(rd, longest_sleep, store=store, stopping=self.stopping) for store in rd.shards.pick(shards)
         ]
         self.longest_sleep = longest_sleep
 

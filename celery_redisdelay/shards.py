@@ -123,6 +123,17 @@ class ShardSet:
             if shard_of(call_id, self.count) == wanted:
                 return call_id
 
+    def pick(self, indexes: Sequence[int] | None = None) -> list[CallStore]:
+        """The configured shards of these indexes (0 to ``count`` - 1), in order; all of them for None."""
+        if indexes is None:
+            return list(self.stores)
+        wrong = [index for index in indexes if not 0 <= index < self.count]
+        if wrong or not indexes:
+            raise ConfigurationError(
+                f"shard indexes must be 0 to {self.count - 1} (redisdelay_shards is {self.count}), not {list(indexes)}"
+            )
+        return [self.stores[index] for index in sorted(set(indexes))]
+
     # -- all shards ------------------------------------------------------------------------------
 
     def register(self) -> None:

@@ -483,3 +483,10 @@ def test_the_commands_work_on_a_redis_cluster(
     bury_all(rd, ids[:1100])
     assert as_json(rd, "purge", "--state", "dead", "--yes") == {"purged": 1100}
     assert held(rd, "payloads") == set(ids[1100:]) | {overdue}
+
+
+def test_releaser_refuses_a_shard_it_does_not_have(make_app: MakeApp) -> None:
+    _, rd = make_app(redisdelay_shards=2)
+    result = invoke(rd, "releaser", "--shard", "0", "--shard", "2")
+    assert result.exit_code == 1
+    assert "shard indexes must be 0 to 1 (redisdelay_shards is 2), not [0, 2]" in result.output

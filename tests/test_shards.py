@@ -17,7 +17,7 @@ import redis
 from celery import Celery
 from redis.crc import key_slot
 
-from celery_redisdelay import RedisDelay, ScheduleError
+from celery_redisdelay import ConfigurationError, RedisDelay, ScheduleError
 from celery_redisdelay.precise import PreciseReleasers
 from celery_redisdelay.shards import shard_of, shard_tags
 from celery_redisdelay.testing import wait_for
@@ -80,6 +80,32 @@ def test_tick_releases_every_shard_and_acks_find_the_call(make_app: MakeApp, cli
     for call_id in list(ids)[:50]:
         assert rd.shards.first(call_id, lambda store, i=call_id: store.ack(i))
     assert rd.stats()["inflight"] == 2570
+
+
+def test_releasers_that_own_a_shard_each_release_only_their_own(make_app: MakeApp, client: redis.Redis) -> None:
+    _, rd = make_app(redisdelay_shards=3)
+    echo = echo_on(rd)
+    ids = [echo.apply_async((n,), countdown=0).id for n in range(90)]
+    by_shard = [{i for i in ids if rd.shards.home(i) is store} for store in rd.shards.stores]
+    assert rd.tick(shards=[1])["released"] == len(by_shard[1])
+    assert set(queued_ids(client, rd)) == by_shard[1]
+    assert [store.stats()["delayed"] for store in rd.shards.stores] == [len(by_shard[0]), 0, len(by_shard[2])]
+    owners = [PreciseReleasers(rd, longest_sleep=0.05, shards=[index]) for index in (0, 2)]
+    assert [[r.store for r in owner.releasers] for owner in owners] == [[rd.shards.stores[0]], [rd.shards.stores[2]]]
+    threads = [threading.Thread(target=owner.run, daemon=True) for owner in owners]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: rd.stats()["delayed"] == 0, 30, "the owners to release their shards")
+    finally:
+        for owner in owners:
+            owner.stop()
+        for thread in threads:
+            thread.join(10)
+    assert [owner.released for owner in owners] == [len(by_shard[0]), len(by_shard[2])]
+    assert sorted(queued_ids(client, rd)) == sorted(ids)
+    with pytest.raises(ConfigurationError, match="shard indexes must be 0 to 2"):
+        rd.tick(shards=[3])
 
 
 def test_park_many_puts_each_chunk_on_one_shard(make_app: MakeApp, client: redis.Redis) -> None:

@@ -74,6 +74,8 @@ def measure(ctx: Context, masters: int, shards: int, releasers: int) -> dict[str
         started = time.perf_counter()
         for index in range(releasers):
             args = [f"releaser-{index + 1}", "--store", store_url, "--shards", str(shards), "--keys", KEYS]
+            if releasers == shards:
+                args += ["--shard", str(index)]  # each releaser owns its shard: none competes for another's
             processes.append(ctx.processes.module("bench.cluster_releaser", args))
 
         def all_ready() -> bool:
