@@ -82,13 +82,16 @@ def build(
     set_as_current: bool = False,
     store_url: str | None = None,
     shards: int = 1,
+    results: bool = False,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
     ``store_url`` puts the call store elsewhere (a ``redis+cluster://`` URL, say; the broker stays at
-    ``url``), ``shards`` sets ``redisdelay_shards``.
+    ``url``), ``shards`` sets ``redisdelay_shards``, ``results`` gives the app a Redis result backend
+    (database 1) and keeps the results of its tasks.
     """
-    app: Any = Celery("bench", broker=f"{url}/0", set_as_current=set_as_current)
+    backend = f"{url}/1" if results else None
+    app: Any = Celery("bench", broker=f"{url}/0", backend=backend, set_as_current=set_as_current)
     conf: dict[str, Any] = {
         "redisdelay_url": store_url or f"{url}/0",
         "redisdelay_shards": shards,
@@ -96,7 +99,7 @@ def build(
         "redisdelay_tick_interval": tick_interval,
         "task_default_queue": DEFAULT_QUEUE,
         "task_queues": [Queue(name, Exchange(name), routing_key=name) for name in QUEUES],
-        "task_ignore_result": True,
+        "task_ignore_result": not results,
         "worker_prefetch_multiplier": 1,
         "worker_hijack_root_logger": False,
         "broker_connection_retry_on_startup": True,

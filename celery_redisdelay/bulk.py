@@ -76,12 +76,16 @@ def park_many(
     meta = meta_json({**limits, "l": fast.key} if fast else limits)
     # Every message is built before anything is written: a call that cannot be serialized stores nothing.
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
+    fitting = {len(every[0])}  # the first call went through Celery's apply_async, which checked it
     kwargsrepr, body_rest = template.kwargsrepr(kwargs or {}), template.body_rest(kwargs or {})
     reply_to = envelope.properties.get("reply_to")
     flat: list[Any] = [ids[0], first]
     for index, args in enumerate(every[1:], start=1):
-        if check_arguments is not None:
+        if check_arguments is not None and len(args) not in fitting:
+            # Celery's check looks at how many arguments there are and their names, not their values:
+            # with the same kwargs, one call of each length tells for all.
             check_arguments(*args, **(kwargs or {}))
+            fitting.add(len(args))
         call_id = ids[index]
         try:
             stored = template.render(call_id, args, kwargs or {}, reply_to, kwargsrepr, body_rest)

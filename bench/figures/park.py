@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any
 
-from ..app import PARK_PLAIN_QUEUE, PARK_QUEUE
+from ..app import PARK_PLAIN_QUEUE, PARK_QUEUE, build
 from ..context import Context
 from ..fill import CHUNK, template
 from ..report import NOT_IMPLEMENTED, Row, ratio
@@ -17,52 +17,59 @@ WARMUP = 20
 COUNTDOWN = 60
 
 
-def park_single(ctx: Context) -> dict[str, Any]:
-    """Calls/s of a delayed task's ``apply_async(countdown=60)`` vs a plain task's, same broker, one at a time."""
-    n = ctx.sizes.park_single
-    delayed, plain = ctx.bench.delayed_noop, ctx.bench.plain_noop
-    ctx.clear(PARK_PLAIN_QUEUE)
+def race(delayed: Any, plain: Any, n: int) -> tuple[float, float]:
+    """Calls/s of ``delayed.apply_async(countdown=60)`` and of ``plain.apply_async(countdown=60)``, one call
+    at a time, two rounds each, interleaved, so that a slow moment of the machine does not land on one
+    side only."""
 
-    def ours(count: int) -> float:
+    def timed(task: Any, queue: str, count: int) -> float:
         started = time.perf_counter()
         for i in range(count):
-            delayed.apply_async((i,), countdown=COUNTDOWN, queue=PARK_QUEUE)
+            task.apply_async((i,), countdown=COUNTDOWN, queue=queue)
         return time.perf_counter() - started
 
-    def celery(count: int) -> float:
-        started = time.perf_counter()
-        for i in range(count):
-            plain.apply_async((i,), countdown=COUNTDOWN, queue=PARK_PLAIN_QUEUE)
-        return time.perf_counter() - started
-
-    ours(WARMUP)
-    celery(WARMUP)
-    # Two rounds each, interleaved, so a slow moment of the machine does not land on one side only.
+    timed(delayed, PARK_QUEUE, WARMUP)
+    timed(plain, PARK_PLAIN_QUEUE, WARMUP)
     half = n // 2
-    ours_seconds = ours(half)
-    celery_seconds = celery(half)
-    ours_seconds += ours(n - half)
-    celery_seconds += celery(n - half)
-    parked = ctx.bench.rd.stats()["delayed"]
-    queued = int(ctx.client.llen(PARK_PLAIN_QUEUE))
-    if parked != n + WARMUP or queued != n + WARMUP:
-        raise RuntimeError(f"expected {n + WARMUP} calls each side, found {parked} parked and {queued} queued")
-    ctx.clear(PARK_PLAIN_QUEUE)
-    ours_rate, celery_rate = n / ours_seconds, n / celery_seconds
-    found = ratio(ours_rate, celery_rate)
-    ctx.say(f"  ours {ours_rate:,.0f} calls/s, Celery {celery_rate:,.0f} calls/s")
-    row = Row(
-        "park_single",
-        ours_rate,
-        "calls/s",
-        celery_rate,
-        "Celery apply_async(countdown=60)",
-        found,
-        ">= 1.5x",
-        found is not None and found >= 1.5,
-    )
-    details = {"calls": n, "ours_seconds": ours_seconds, "celery_seconds": celery_seconds}
-    return {"rows": [row.as_dict()], "details": details}
+    ours = timed(delayed, PARK_QUEUE, half) + timed(delayed, PARK_QUEUE, n - half)
+    celery = timed(plain, PARK_PLAIN_QUEUE, half) + timed(plain, PARK_PLAIN_QUEUE, n - half)
+    return n / ours, n / celery
+
+
+def park_single(ctx: Context) -> dict[str, Any]:
+    """Calls/s of a delayed task's ``apply_async(countdown=60)`` vs a plain task's, same broker, one at a
+    time: without a result backend, and with a Redis one (Celery subscribes to each result when it sends)."""
+    n = ctx.sizes.park_single
+    rows: list[dict[str, Any]] = []
+    details: dict[str, Any] = {"calls": n}
+    for name, bench in (
+        ("park_single", ctx.bench),
+        ("park_single (Redis results)", build(ctx.url, results=True)),
+    ):
+        ctx.clear(PARK_PLAIN_QUEUE)
+        before = bench.rd.stats()["delayed"]
+        ours_rate, celery_rate = race(bench.delayed_noop, bench.plain_noop, n)
+        parked = bench.rd.stats()["delayed"] - before
+        queued = int(ctx.client.llen(PARK_PLAIN_QUEUE))
+        if parked != n + WARMUP or queued != n + WARMUP:
+            raise RuntimeError(f"{name}: expected {n + WARMUP} calls each side, found {parked} parked, {queued} queued")
+        ctx.clear(PARK_PLAIN_QUEUE)
+        found = ratio(ours_rate, celery_rate)
+        ctx.say(f"  {name}: ours {ours_rate:,.0f} calls/s, Celery {celery_rate:,.0f} calls/s")
+        rows.append(
+            Row(
+                name,
+                ours_rate,
+                "calls/s",
+                celery_rate,
+                "Celery apply_async(countdown=60)",
+                found,
+                ">= 2.5x",
+                found is not None and found >= 2.5,
+            ).as_dict()
+        )
+        details[f"{name} ours/celery"] = [ours_rate, celery_rate]
+    return {"rows": rows, "details": details}
 
 
 def raw_pipeline_rate(ctx: Context, payload: bytes, n: int) -> float:
@@ -92,7 +99,7 @@ def park_bulk(ctx: Context) -> dict[str, Any]:
     payload = template(bench, PARK_QUEUE).payload
     raw_rate = raw_pipeline_rate(ctx, payload, n)
     ctx.say(f"  raw pipelined ZADD+HSET of {len(payload)}-byte payloads: {raw_rate:,.0f} calls/s")
-    target = ">= 50,000 calls/s and >= 0.5x"
+    target = ">= 50,000 calls/s and >= 0.6x"
     details: dict[str, Any] = {"calls": n, "payload_bytes": len(payload), "raw_rate": raw_rate}
     park_many = getattr(bench.delayed_noop, "park_many", None)
     if park_many is None:
@@ -119,7 +126,7 @@ def park_bulk(ctx: Context) -> dict[str, Any]:
         "raw pipelined ZADD+HSET",
         found,
         target,
-        ours_rate >= 50_000 and found is not None and found >= 0.5,
+        ours_rate >= 50_000 and found is not None and found >= 0.6,
     )
     details["ours_seconds"] = seconds
     return {"rows": [row.as_dict()], "details": details}
