@@ -9,7 +9,6 @@ dead letter); its stored payload is a stub that the releaser turns into the task
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from celery.result import AsyncResult
@@ -19,52 +18,28 @@ from .envelope import EnvelopeError
 from .errors import ConfigurationError, PayloadError, ScheduleError
 from .keys import group_id
 from .schedule import seconds
+from .stored import BatchCall
 from .task import DelayedTask
 
 if TYPE_CHECKING:
     from celery import Celery
 
-BATCH_MARKER = b'{"redisdelay":"batch"'
 #: The most items in one batch: one script moves a whole batch, and scripts stay bounded.
 LARGEST_BATCH = 10_000
 
 
-@dataclass(frozen=True)
-class BatchCall:
-    """A flushed batch as stored: which task, which key, and the items in arrival order."""
-
-    task: str
-    key: str
-    items: list[Any]
-
-    @classmethod
-    def decode(cls, raw: bytes) -> BatchCall | None:
-        """The batch a stored payload holds; None when it is an ordinary envelope."""
-        if not raw.startswith(BATCH_MARKER):
-            return None
-        try:
-            data = json.loads(raw)
-            group, items = data["group"], data["items"]
-        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as exc:
-            raise EnvelopeError(f"malformed celery-redisdelay batch ({exc!r})") from exc
-        if not isinstance(group, list) or len(group) != 2:
-            raise EnvelopeError(f"malformed celery-redisdelay batch (group {group!r} is not [task, key])")
-        task, key = group
-        if not isinstance(task, str) or not isinstance(key, str) or not isinstance(items, list):
-            raise EnvelopeError("malformed celery-redisdelay batch (group or items of the wrong type)")
-        return cls(task, key, items)
-
-    def publish(self, app: Celery, producer: Any, call_id: str) -> None:
-        """Publish the call ``task(key, items)`` as Celery would, routed like the task's other calls."""
-        task = app.tasks.get(self.task)
-        if not isinstance(task, BatchedTask):
-            raise EnvelopeError(
-                f"batched task {self.task!r} is not registered in this app; import its module in the "
-                "worker that runs the tick, then requeue the call"
-            )
-        task.redisdelay.celery_send_task(
-            self.task, args=(self.key, self.items), task_id=call_id, producer=producer, **task.routing_options
+def publish_batch(app: Celery, producer: Any, call_id: str, batch: BatchCall) -> None:
+    """Publish a flushed batch as the call ``task(key, items)``, as Celery would, routed like the task's
+    other calls."""
+    task = app.tasks.get(batch.task)
+    if not isinstance(task, BatchedTask):
+        raise EnvelopeError(
+            f"batched task {batch.task!r} is not registered in this app; import its module in the worker that "
+            "runs the tick, then requeue the call"
         )
+    task.redisdelay.celery_send_task(
+        batch.task, args=(batch.key, batch.items), task_id=call_id, producer=producer, **task.routing_options
+    )
 
 
 def check_batch_options(function: Any, options: dict[str, Any]) -> None:

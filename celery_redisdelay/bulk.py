@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery.result import AsyncResult
 
-from . import wire
 from .envelope import Envelope
 from .errors import PayloadError
 from .store import CallStore, due_args, meta_json
+from .stored import encode_stored
 from .templates import CallTemplate
 
 if TYPE_CHECKING:
@@ -59,8 +59,7 @@ def park_many(
     task.apply_async(every[0], kwargs, task_id=ids[0], _redisdelay_capture=captured, **options)
     [(envelope, due, limits)] = captured
     serializer = options.get("serializer") or task.serializer or app.conf.task_serializer
-    fast = wire.Template.of(app, rd.broker_layout, envelope) if rd.wire_format else None
-    first = fast.render() if fast else envelope.encode()
+    first, fast = encode_stored(app, rd.broker_layout if rd.wire_format else None, envelope)
     template = CallTemplate.of(
         app,
         envelope,

@@ -48,14 +48,8 @@ class Envelope:
 
     @classmethod
     def decode(cls, raw: bytes | str) -> Envelope:
-        """Parse a stored envelope; raise :class:`EnvelopeError` saying what is wrong with it.
-
-        A call stored as a broker message for the fast release path decodes to its envelope too.
-        """
-        if isinstance(raw, bytes) and raw.startswith(b'{"body": "'):
-            from .wire import to_envelope
-
-            return to_envelope(raw)
+        """Parse a stored envelope; raise :class:`EnvelopeError` saying what is wrong with it. (Any stored
+        payload is read with :func:`celery_redisdelay.stored.decode_stored`.)"""
         try:
             data = json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:

@@ -31,6 +31,7 @@ from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
 from .shards import ShardSet
 from .store import CallStore, Cancelled, Entry, merged_pages, meta_json, redis_errors, text
+from .stored import encode_stored
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
 from .templates import CallTemplate, Kept, TemplateCache
 from .tracking import DurableRevokeStep
@@ -394,14 +395,7 @@ class RedisDelay:
             if capture is not None:
                 capture.append((envelope, due, meta))
                 return 1, task_id
-            try:
-                fast = wire.Template.of(self.app, self.broker_layout, envelope) if self.wire_format else None
-                encoded = fast.render() if fast else envelope.encode()
-            except (TypeError, ValueError) as exc:
-                raise PayloadError(
-                    f"cannot store the message of {envelope.task}: its headers or options are not "
-                    f"JSON-serializable ({exc}); nothing was stored"
-                ) from exc
+            encoded, fast = encode_stored(self.app, self.broker_layout if self.wire_format else None, envelope)
             self.check_size(envelope.task, len(encoded))
             stored_meta = {**meta, "l": fast.key} if fast else meta  # the list the release script pushes to
             status, _, holder = self.shards.home(task_id).park_keyed(

@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 from kombu.exceptions import KombuError
 from kombu.serialization import loads
 
-from .batch import BatchCall
 from .envelope import Envelope, EnvelopeError
-from .wire import PREFIX as BROKER_MESSAGE_PREFIX
+from .stored import BatchCall, decode_stored, kind_of
 
 if TYPE_CHECKING:
     from .extension import RedisDelay
@@ -46,17 +45,16 @@ def decode_payload(rd: RedisDelay, raw: bytes) -> dict[str, Any]:
     """
     described: dict[str, Any] = {"format": None, "bytes": len(raw), "decoded": False, "note": None}
     try:
-        batch = BatchCall.decode(raw)
-        if batch is not None:
-            described.update(format="batch", task=batch.task, batch_key=batch.key, items=len(batch.items))
-            described.update(args=[batch.key, batch.items], kwargs={}, decoded=True)
-            return described
-        envelope = Envelope.decode(raw)
+        envelope = decode_stored(raw)
     except EnvelopeError as exc:
         described["note"] = str(exc)
         return described
+    if isinstance(envelope, BatchCall):
+        described.update(format="batch", task=envelope.task, batch_key=envelope.key, items=len(envelope.items))
+        described.update(args=[envelope.key, envelope.items], kwargs={}, decoded=True)
+        return described
     described.update(
-        format="broker message" if raw.startswith(BROKER_MESSAGE_PREFIX) else "envelope",
+        format=kind_of(raw),
         task=envelope.task,
         exchange=envelope.exchange,
         routing_key=envelope.routing_key,
@@ -106,14 +104,14 @@ def queue_of(rd: RedisDelay, meta: dict[str, Any], raw: bytes | None) -> str | N
     if raw is None:
         return None
     try:
-        batch = BatchCall.decode(raw)
-        if batch is not None:
-            task = rd.app.tasks.get(batch.task)
-            options = getattr(task, "routing_options", {}) or {}
-            return str(options.get("queue") or rd.app.conf.task_default_queue)
-        return envelope_queue(Envelope.decode(raw))
+        stored = decode_stored(raw)
     except EnvelopeError:
         return None
+    if isinstance(stored, BatchCall):
+        task = rd.app.tasks.get(stored.task)
+        options = getattr(task, "routing_options", {}) or {}
+        return str(options.get("queue") or rd.app.conf.task_default_queue)
+    return envelope_queue(stored)
 
 
 def arguments_text(rd: RedisDelay, raw: bytes | None) -> str | None:

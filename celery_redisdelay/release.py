@@ -20,9 +20,10 @@ from kombu.exceptions import OperationalError
 from kombu.utils import json
 
 from . import wire
-from .batch import BatchCall, BatchedTask
+from .batch import BatchedTask, publish_batch
 from .envelope import Envelope, EnvelopeError
 from .errors import RedisDelayError
+from .stored import BatchCall, decode_stored
 from .task import DelayedTask
 
 if TYPE_CHECKING:
@@ -79,11 +80,11 @@ def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
 
 def publish_call(app: Celery, producer: Any, call_id: str, payload: bytes) -> None:
     """Publish one stored call: an envelope as it is, a flushed batch as the task's message."""
-    batch = BatchCall.decode(payload)
-    if batch is not None:
-        batch.publish(app, producer, call_id)
+    stored = decode_stored(payload)
+    if isinstance(stored, BatchCall):
+        publish_batch(app, producer, call_id, stored)
     else:
-        publish(app, producer, Envelope.decode(payload))
+        publish(app, producer, stored)
 
 
 def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:

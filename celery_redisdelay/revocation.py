@@ -17,8 +17,8 @@ from kombu.compression import decompress
 from kombu.exceptions import KombuError
 from kombu.serialization import loads
 
-from .batch import BatchCall
-from .envelope import Envelope, EnvelopeError
+from .envelope import EnvelopeError
+from .stored import BatchCall, decode_stored
 
 if TYPE_CHECKING:
     from .extension import RedisDelay
@@ -31,12 +31,11 @@ def request_of(call_id: str, payload: bytes, accept: Any = None) -> Context:
     callbacks and chord, and its arguments (only the id and the task when the payload is unreadable)."""
     fields: dict[str, Any] = {"id": call_id}
     try:
-        batch = BatchCall.decode(payload)
-        if batch is not None:
-            fields.update(task=batch.task, args=[batch.key, batch.items], kwargs={})
-            return Context(fields)
-        envelope = Envelope.decode(payload)
+        envelope = decode_stored(payload)
     except EnvelopeError:
+        return Context(fields)
+    if isinstance(envelope, BatchCall):
+        fields.update(task=envelope.task, args=[envelope.key, envelope.items], kwargs={})
         return Context(fields)
     fields.update(envelope.headers)
     fields["id"] = call_id

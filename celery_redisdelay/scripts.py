@@ -12,6 +12,8 @@ from typing import Any
 
 from redis.commands.core import Script
 
+from .stored import BATCH_PREFIX, MESSAGE_PREFIX
+
 STORE_SCRIPTS = (
     "park",
     "park_many",
@@ -40,13 +42,20 @@ STORE_SCRIPTS = (
 STANDALONE_SCRIPTS = ("validate_consume", "lock_extend")
 
 
+#: What the store scripts share with Python, defined for them ahead of the prelude: how each stored form
+#: begins (see :mod:`celery_redisdelay.stored`).
+LUA_CONSTANTS = {"MESSAGE_PREFIX": MESSAGE_PREFIX, "BATCH_PREFIX": BATCH_PREFIX}
+
+
 @cache
 def source(name: str) -> str:
-    """The full text of a script, prelude included for store scripts."""
+    """The full text of a script, the constants and the prelude ahead of it for store scripts."""
     text = files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
     if name in STORE_SCRIPTS:
         prelude = files(__package__).joinpath("lua", "prelude.lua").read_text(encoding="utf-8")
-        return f"{prelude}\n{text}"
+        # Lua long brackets take the bytes as they are, quotes included.
+        constants = "".join(f"local {name} = [==[{value.decode()}]==]\n" for name, value in LUA_CONSTANTS.items())
+        return f"{constants}{prelude}\n{text}"
     return text
 
 

@@ -38,6 +38,7 @@ from celery_redisdelay import (
 from celery_redisdelay.envelope import Envelope
 from celery_redisdelay.extension import TICK_TASK
 from celery_redisdelay.store import Entry
+from celery_redisdelay.stored import decode_stored
 from celery_redisdelay.testing import RedisServer, free_port
 from celery_redisdelay.validation import CONSUMER_TASK, VALIDATE_TASK
 
@@ -87,7 +88,7 @@ def parked(rd: RedisDelay, call_id: str) -> Entry:
 def envelope_of(rd: RedisDelay, call_id: str) -> Envelope:
     entry = parked(rd, call_id)
     assert entry.envelope is not None
-    return Envelope.decode(entry.envelope)
+    return decode_stored(entry.envelope)
 
 
 def args_of(envelope: Envelope) -> Any:

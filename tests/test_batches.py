@@ -23,8 +23,9 @@ from celery import Celery
 from kombu.utils import json as kombu_json
 
 from celery_redisdelay import ConfigurationError, PayloadError, RedisDelay, ScheduleError
-from celery_redisdelay.batch import BatchCall, BatchedTask
+from celery_redisdelay.batch import BatchedTask
 from celery_redisdelay.keys import group_id
+from celery_redisdelay.stored import BatchCall, decode_stored
 from celery_redisdelay.testing import wait_for
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -99,7 +100,7 @@ def test_size_flush_parks_exactly_those_items_due_now(rd: RedisDelay, client: re
     assert parked is not None and parked.envelope is not None
     assert parked.state == "delayed" and parked.score_ms <= redis_ms(client), "due now"
     assert (parked.meta["t"], parked.meta["s"], parked.meta["d"], parked.meta["r"]) == (task.name, "delayed", 0, 30_000)
-    assert BatchCall.decode(parked.envelope) == BatchCall(task.name, "area-7", items)
+    assert decode_stored(parked.envelope) == BatchCall(task.name, "area-7", items)
 
     assert rd.tick() == report(released=1)
     assert released(client, queue) == [(result.id, task.name, ["area-7", items])]
@@ -314,7 +315,7 @@ def test_batch_of_a_task_unknown_to_the_releaser_is_dead_lettered(
     assert all("batched task 'no.such.task' is not registered" in entry.meta["why"] for entry in dead)
     kept = rd.find("0-unknown")
     assert kept is not None and kept.state == "dead" and kept.envelope is not None
-    assert BatchCall.decode(kept.envelope) == BatchCall("no.such.task", "k", parcels)
+    assert decode_stored(kept.envelope) == BatchCall("no.such.task", "k", parcels)
     assert rd.stats() == {**EMPTY, "inflight": 1, "dead": 2}
 
     # A releaser that knows the task runs it once the call is requeued, as the reason says.

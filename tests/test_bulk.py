@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 from celery_redisdelay import PayloadError, RedisDelay
-from celery_redisdelay.envelope import Envelope
+from celery_redisdelay.stored import decode_stored
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 
@@ -48,7 +48,7 @@ def test_each_call_is_stored_as_apply_async_would(make_app: MakeApp, client: red
     single = add.apply_async((7, 8), {"scale": 3}, countdown=0, priority=5)
     assert len({result.id for result in results}) == 2500
     assert rd.stats()["delayed"] == 2501
-    envelope = Envelope.decode(rd.find(results[7].id).envelope)  # type: ignore[union-attr,arg-type]
+    envelope = decode_stored(rd.find(results[7].id).envelope)  # type: ignore[union-attr,arg-type]
     assert envelope.headers["id"] == envelope.headers["root_id"] == results[7].id
     assert envelope.headers["argsrepr"] == "(7, 8)"
     messages = released_messages(rd, client)

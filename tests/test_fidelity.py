@@ -20,7 +20,7 @@ from celery.exceptions import TaskRevokedError
 from kombu import Exchange, Queue
 
 from celery_redisdelay import ConfigurationError, RedisDelay
-from celery_redisdelay.envelope import Envelope
+from celery_redisdelay.stored import decode_stored
 from celery_redisdelay.tracking import drop_revoked
 from celery_redisdelay.wire import PREFIX
 
@@ -115,7 +115,7 @@ def test_send_task_by_name_parks_a_delayed_task_of_this_app(make_app: MakeApp, c
     # The message is the one Celery's own send_task builds (published at once here, for comparison).
     rd.celery_send_task("tests.fidelity.echo", args=(1,), kwargs={"k": "v"}, task_id="by-celery")
     celery_message = json.loads(client.rpop(queue))  # type: ignore[arg-type]
-    ours = Envelope.decode(entry.envelope)
+    ours = decode_stored(entry.envelope)
     assert ours.body == base64.b64decode(celery_message["body"])
     volatile = ("id", "root_id")
     assert {k: v for k, v in ours.headers.items() if k not in volatile} == {
@@ -135,12 +135,12 @@ def test_park_many_keeps_the_callers_argsrepr_and_computes_celerys_otherwise(rd:
     calls = [("it's",), ('a "quoted"\nline',), (1.5, None)]
     hidden = echo.park_many(calls, countdown=60, argsrepr="(secret)")
     for result in hidden:
-        assert Envelope.decode(rd.find(result.id).envelope).headers["argsrepr"] == "(secret)"  # type: ignore[union-attr,arg-type]
+        assert decode_stored(rd.find(result.id).envelope).headers["argsrepr"] == "(secret)"  # type: ignore[union-attr,arg-type]
     shown = echo.park_many(calls, countdown=60)
     one_by_one = [echo.apply_async(args, countdown=60) for args in calls]
     for bulk, single in zip(shown, one_by_one, strict=True):
-        expected = Envelope.decode(rd.find(single.id).envelope).headers["argsrepr"]  # type: ignore[union-attr,arg-type]
-        assert Envelope.decode(rd.find(bulk.id).envelope).headers["argsrepr"] == expected  # type: ignore[union-attr,arg-type]
+        expected = decode_stored(rd.find(single.id).envelope).headers["argsrepr"]  # type: ignore[union-attr,arg-type]
+        assert decode_stored(rd.find(bulk.id).envelope).headers["argsrepr"] == expected  # type: ignore[union-attr,arg-type]
 
 
 # -- routing that only kombu can do ------------------------------------------------------------------

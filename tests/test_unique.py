@@ -18,8 +18,8 @@ from celery import Celery
 from kombu.serialization import loads
 
 from celery_redisdelay import RedisDelay, ScheduleError
-from celery_redisdelay.envelope import Envelope
 from celery_redisdelay.keys import group_id
+from celery_redisdelay.stored import decode_stored
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 
@@ -42,7 +42,7 @@ def parked_args(rd: RedisDelay, call_id: str) -> list[Any]:
     assert entry is not None
     assert entry.state == "delayed"
     assert entry.envelope is not None
-    envelope = Envelope.decode(entry.envelope)
+    envelope = decode_stored(entry.envelope)
     assert envelope.headers["id"] == call_id
     args, _, _ = loads(envelope.body, envelope.content_type, envelope.content_encoding)
     return list(args)

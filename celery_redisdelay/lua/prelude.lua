@@ -1,4 +1,5 @@
--- prelude.lua: helpers prepended to every script of the call store.
+-- prelude.lua: helpers prepended to every script of the call store. Ahead of it scripts.py defines
+-- MESSAGE_PREFIX and BATCH_PREFIX, how a stored broker message and a flushed batch begin (stored.py).
 --
 -- Every script of the store receives the same nine keys first, all sharing one hash tag:
 --   KEYS[1] delayed   zset  id -> due time (ms since the epoch, server clock)
@@ -161,7 +162,7 @@ local function flush_group(items_key, group, size, id, meta_json, now)
     local items = redis.call('LRANGE', items_key, 0, size - 1)
     if #items > 0 then
         redis.call('LTRIM', items_key, #items, -1)
-        local payload = '{"redisdelay":"batch","group":' .. group .. ',"items":[' .. table.concat(items, ',') .. ']}'
+        local payload = BATCH_PREFIX .. ',"group":' .. group .. ',"items":[' .. table.concat(items, ',') .. ']}'
         store(id, payload, meta_json, now)
         redis.call('HINCRBY', COUNTERS, 'batch_items', -#items)
         redis.call('HINCRBY', COUNTERS, 'batches_flushed', 1)

@@ -22,7 +22,7 @@ end
 -- wire.py writes the delivery tag of the first delivery last: the message ends with it.
 local function message_for(id, payload, delivery)
     local ending = '"delivery_tag": "' .. id .. '.1"}}'
-    if string.sub(payload, 1, 10) ~= '{"body": "' or string.sub(payload, -#ending) ~= ending then
+    if string.sub(payload, 1, #MESSAGE_PREFIX) ~= MESSAGE_PREFIX or string.sub(payload, -#ending) ~= ending then
         return nil
     elseif delivery == 1 then
         return payload
@@ -34,7 +34,7 @@ end
 -- ',"d":0,"s":"delayed"}', no unique key): {list, queue timeout}, or false for the general case. Calls
 -- of one task share their metadata text (and Lua shares equal strings), so each text is read once.
 local FRESH = ',"d":0,"s":"delayed"}'
-local PREFIX, FIRST_TAG_END = '{"body": "', '.1"}}'
+local FIRST_TAG_END = '.1"}}'
 local default_queue_ms = tonumber(ARGV[3])
 local routes = {}
 local function route_of(raw)
@@ -89,7 +89,7 @@ for i, id in ipairs(ids) do
     local payload, raw = payloads[i], raw_metas[i]
     local route = payload and raw and route_of(raw)
     -- A broker message of this very call: it starts as kombu's do and ends with its own first tag.
-    if route and string.sub(payload, 1, 10) == PREFIX and string.sub(payload, -5) == FIRST_TAG_END
+    if route and string.sub(payload, 1, #MESSAGE_PREFIX) == MESSAGE_PREFIX and string.sub(payload, -5) == FIRST_TAG_END
         and string.find(payload, id, -(#id + 5), true) then
         taken[#taken + 1] = id
         push(route[1], payload)
