@@ -251,13 +251,13 @@ def requeue_all_dead(rd: RedisDelay, step: int = LARGEST_STEP) -> RequeueReport:
     for store in rd.shards.all():
         passed = 0
         while True:
-            requeued, looked_at, *left = store._run("requeue_dead", [step, passed], "requeue dead-lettered calls")
-            report.requeued += int(requeued)
+            requeued, looked_at, left = store.requeue_dead(step, passed)
+            report.requeued += requeued
             passed += len(left)
             report.without_payload += len(left)
             room = max(NAMED_IDS - len(report.without_payload_ids), 0)
-            report.without_payload_ids.extend(text(call_id) for call_id in left[:room])
-            if int(looked_at) < step:
+            report.without_payload_ids.extend(left[:room])
+            if looked_at < step:
                 break
     return report
 
@@ -282,7 +282,7 @@ def purge_dead(rd: RedisDelay, step: int = LARGEST_STEP, before_ms: int | None =
     purged = 0
     for store in rd.shards.all():
         while True:
-            deleted = int(store._run("purge_dead", [step, bound], "purge dead-lettered calls"))
+            deleted = store.purge_dead(step, bound)
             purged += deleted
             if deleted < step:
                 break

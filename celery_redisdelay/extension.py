@@ -21,6 +21,7 @@ from .connection import connect, is_cluster
 from .envelope import Envelope
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
 from .keys import Keyspace
+from .listing import Scanner
 from .locks import Lock
 from .operations import on_shards
 from .precise import PreciseReleaseStep
@@ -30,7 +31,7 @@ from .revocation import announce_revoked
 from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
 from .shards import ShardSet
-from .store import CallStore, Cancelled, Entry, merged_pages, meta_json, redis_errors, text
+from .store import CallStore, Cancelled, Entry, meta_json, redis_errors, text
 from .stored import encode_stored
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
 from .templates import CallTemplate, Kept, TemplateCache
@@ -590,7 +591,9 @@ class RedisDelay:
 
     def dead_letters(self, limit: int = 100, offset: int = 0) -> list[Entry]:
         """A page of dead-lettered calls, oldest first over all shards; each entry's ``meta['why']`` says why."""
-        return merged_pages(self.shards.all(), "dead", limit, offset)
+        scanner = Scanner(self, self.shards.all(), "dead", [0] * len(self.shards.all()), chunk=offset + limit)
+        found = [scanner.next() for _ in range(offset + limit)]
+        return [entry for _, entry in filter(None, found)][offset:]
 
     def tick(self, shards: Sequence[int] | None = None) -> dict[str, int]:
         """Sweep timed-out calls and release due ones (the body of the ``redisdelay.tick`` task): on every

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import RedisDelayError
 from .payloads import arguments_text, queue_of
-from .store import STATES, CallStore, Entry, decode_meta, redis_errors, text
+from .store import STATES, CallStore, Entry, redis_errors
 from .store import server_ms as clock_of
 
 if TYPE_CHECKING:
@@ -172,27 +172,12 @@ class Scanner:
         heapq.heappush(self._heads, (-first.score_ms if self.newest_first else first.score_ms, first.id, shard))
 
     def _read(self, shard: int) -> tuple[list[Entry], int]:
-        """Up to ``chunk`` entries of one shard from its offset on, and the set's size."""
-        store, offset = self.stores[shard], self.offsets[shard]
-        key = state_key(store, self.state)
-        with redis_errors(f"list {self.state} calls"):
-            pipe = store.client.pipeline(transaction=False)
-            pipe.zrange(key, offset, offset + self.chunk - 1, desc=self.newest_first, withscores=True)
-            pipe.zcard(key)
-            members, size = pipe.execute()
-            ids = [text(member) for member, _ in members]
-            found: Any = store.client.hmget(store.keys.meta, ids) if ids else []
-            metas = [decode_meta(raw, self.state) for raw in found]
-            wanted = [i for i, meta in enumerate(metas) if self.payloads == "all" or not meta.get("l")]
-            raws: Any = store.client.hmget(store.keys.payloads, [ids[i] for i in wanted]) if wanted else []
-        payloads: list[bytes | None] = [None] * len(ids)
-        for i, raw in zip(wanted, raws, strict=True):
-            payloads[i] = raw
-        entries = [
-            Entry(call_id, self.state, score, meta, raw, queue_of(self.rd, meta, raw))
-            for call_id, (_, score), meta, raw in zip(ids, members, metas, payloads, strict=True)
-        ]
-        return entries, int(size)
+        """Up to ``chunk`` entries of one shard from its offset on, with the queue each goes to, and the set's size."""
+        state_key(self.stores[shard], self.state)  # a clear error for a state that is not one
+        entries, size = self.stores[shard].read(
+            self.state, self.offsets[shard], self.chunk, newest_first=self.newest_first, payloads=self.payloads
+        )
+        return [replace(entry, queue=queue_of(self.rd, entry.meta, entry.envelope)) for entry in entries], size
 
 
 @dataclass(frozen=True)

@@ -389,16 +389,52 @@ class CallStore:
         return None
 
     def entries(self, state: str, limit: int = 100, offset: int = 0) -> list[Entry]:
-        """A page of calls in one state, oldest score first."""
-        key = {"delayed": self.keys.delayed, "inflight": self.keys.inflight, "dead": self.keys.dead}[state]
+        """A page of calls in one state, oldest score first (see :meth:`read`)."""
+        return self.read(state, offset, limit)[0]
+
+    def read(
+        self, state: str, offset: int, count: int, *, newest_first: bool = False, payloads: str = "none"
+    ) -> tuple[list[Entry], int]:
+        """Up to ``count`` calls in ``state`` from ``offset`` on (by score, oldest or newest first) with their
+        metadata, and how many calls the state holds. Payloads: ``"none"``, ``"all"``, or ``"unrouted"``
+        (those of calls whose metadata names no broker list, for the paginator's queue filter)."""
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
+        key = getattr(self.keys, state)
         with redis_errors(f"list {state} calls"):
-            members: Any = self.client.zrange(key, offset, offset + limit - 1, withscores=True)
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(key, offset, offset + count - 1, desc=newest_first, withscores=True)
+            pipe.zcard(key)
+            members, size = pipe.execute()
             ids = [text(member) for member, _ in members]
-            metas: Any = self.client.hmget(self.keys.meta, ids) if ids else []
-        return [
-            Entry(call_id, state, score, decode_meta(meta, state), None)
-            for call_id, (_, score), meta in zip(ids, members, metas, strict=True)
+            found: Any = self.client.hmget(self.keys.meta, ids) if ids else []
+            metas = [decode_meta(raw, state) for raw in found]
+            wanted = [
+                i for i, meta in enumerate(metas) if payloads == "all" or (payloads != "none" and not meta.get("l"))
+            ]
+            raws: Any = self.client.hmget(self.keys.payloads, [ids[i] for i in wanted]) if wanted else []
+        stored: list[bytes | None] = [None] * len(ids)
+        for i, raw in zip(wanted, raws, strict=True):
+            stored[i] = raw
+        entries = [
+            Entry(call_id, state, score, meta, raw)
+            for call_id, (_, score), meta, raw in zip(ids, members, metas, stored, strict=True)
         ]
+        return entries, int(size)
+
+    def requeue_dead(self, step: int, passed: int) -> tuple[int, int, list[str]]:
+        """Requeue up to ``step`` dead calls, past the first ``passed`` (which have no payload): (requeued,
+        entries looked at, ids left dead for want of a payload)."""
+        requeued, looked_at, *left = self._run("requeue_dead", [step, passed], "requeue dead-lettered calls")
+        return int(requeued), int(looked_at), _texts(left)
+
+    def purge_dead(self, step: int, bound: str) -> int:
+        """Delete up to ``step`` of the oldest dead calls dead-lettered at or before ``bound`` (ms or ``+inf``)."""
+        return int(self._run("purge_dead", [step, bound], "purge dead-lettered calls"))
+
+    def validate_consume(self, keys: Sequence[str], number: int, fail_every: int) -> bool:
+        """One delivery of a validation message (``keys`` are the run's): whether it is recorded as processed."""
+        return bool(self._scripts["validate_consume"](keys=list(keys), args=[number, fail_every]))
 
 
 #: The most ids one bulk script call takes (scripts block Redis while they run).
@@ -418,15 +454,6 @@ def _texts(values: Sequence[bytes | str]) -> list[str]:
 def _claimed(flat: Sequence[Any]) -> list[Claimed]:
     """The calls of a claim or release reply: (id, payload, deliveries, list) each."""
     return [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2]), text(flat[i + 3])) for i in range(0, len(flat), 4)]
-
-
-def merged_pages(stores: Sequence[CallStore], state: str, limit: int, offset: int = 0) -> list[Entry]:
-    """A page of calls in one state over several shards, by score: reads at most ``offset + limit`` per shard."""
-    if len(stores) == 1:
-        return stores[0].entries(state, limit, offset)
-    merged = [entry for store in stores for entry in store.entries(state, offset + limit, 0)]
-    merged.sort(key=lambda entry: (entry.score_ms, entry.id))
-    return merged[offset : offset + limit]
 
 
 def meta_json(meta: dict[str, Any], key: str | None = None) -> str:

@@ -60,10 +60,8 @@ def register_validation_tasks(rd: RedisDelay) -> None:
 
     @rd.delayed(name=CONSUMER_TASK, bind=True, ignore_result=True, max_deliveries=CONSUMER_MAX_DELIVERIES)
     def consume(self: Any, run_id: str, number: int, fail_every: int) -> None:
-        processed_key, counters_key = rd.keys.validation_keys(run_id)
-        script = rd.store._scripts["validate_consume"]
         try:
-            consumed = script(keys=[processed_key, counters_key], args=[number, fail_every])
+            consumed = rd.store.validate_consume(rd.keys.validation_keys(run_id), number, fail_every)
         except redis.RedisError as exc:
             # The record may not have been written: a failure here would be acknowledged (Celery does not
             # retry it) and the message lost to the check. Leave it in flight; the sweep delivers it again.
