@@ -25,8 +25,9 @@ from .listing import (
     parse_cursor,
     server_ms,
 )
+from .meta import decode_meta
 from .payloads import PICKLE, SHOWN_HEADERS, decode_payload, queue_of
-from .store import LARGEST_STEP, CallStore, decode_meta, redis_errors, text
+from .store import LARGEST_STEP, CallStore, redis_errors, text
 
 if TYPE_CHECKING:
     from .extension import RedisDelay

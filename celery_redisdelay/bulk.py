@@ -18,7 +18,8 @@ from celery.result import AsyncResult
 
 from .envelope import Envelope
 from .errors import PayloadError
-from .store import CallStore, due_args, meta_json
+from .meta import Limits, meta_json, routed
+from .store import CallStore, due_args
 from .stored import encode_stored
 from .templates import CallTemplate
 
@@ -55,7 +56,7 @@ def park_many(
     ids.extend(rd.shards.new_ids(min(CHUNK, len(every)) - 1, store_of(0)))
     for start in range(CHUNK, len(every), CHUNK):
         ids.extend(rd.shards.new_ids(min(CHUNK, len(every) - start), store_of(start)))
-    captured: list[tuple[Envelope, Due, dict[str, Any]]] = []
+    captured: list[tuple[Envelope, Due, Limits]] = []
     task.apply_async(every[0], kwargs, task_id=ids[0], _redisdelay_capture=captured, **options)
     [(envelope, due, limits)] = captured
     serializer = options.get("serializer") or task.serializer or app.conf.task_serializer
@@ -72,7 +73,7 @@ def park_many(
     if template is None:  # something a template cannot copy: each call through Celery
         return [task.apply_async(args, kwargs, **options) for args in every]
     rd.check_size(envelope.task, len(first))
-    meta = meta_json({**limits, "l": fast.key} if fast else limits)
+    meta = meta_json(routed(limits, fast.key) if fast else limits)
     # Every message is built before anything is written: a call that cannot be serialized stores nothing.
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
     fitting = {len(every[0])}  # the first call went through Celery's apply_async, which checked it

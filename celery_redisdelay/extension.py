@@ -23,6 +23,7 @@ from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleE
 from .keys import Keyspace
 from .listing import Scanner
 from .locks import Lock
+from .meta import CallMeta, Limits, meta_json, routed
 from .operations import on_shards
 from .precise import PreciseReleaseStep
 from .producer import ParkingProducer, accepted_content_types
@@ -31,7 +32,7 @@ from .revocation import announce_revoked
 from .schedule import Due, resolve_due
 from .settings import Settings, positive_setting
 from .shards import ShardSet
-from .store import CallStore, Cancelled, Entry, meta_json, redis_errors, text
+from .store import CallStore, Cancelled, Entry, redis_errors, text
 from .stored import encode_stored
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
 from .templates import CallTemplate, Kept, TemplateCache
@@ -379,10 +380,10 @@ class RedisDelay:
         self,
         task_id: str,
         due: Due,
-        meta: dict[str, Any],
+        meta: Limits,
         mode: str = "",
         key: str = "",
-        capture: list[tuple[Envelope, Due, dict[str, Any]]] | None = None,
+        capture: list[tuple[Envelope, Due, Limits]] | None = None,
         learn: tuple[Any, ...] | None = None,
     ) -> Iterator[ParkingProducer]:
         """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
@@ -398,7 +399,8 @@ class RedisDelay:
                 return 1, task_id
             encoded, fast = encode_stored(self.app, self.broker_layout if self.wire_format else None, envelope)
             self.check_size(envelope.task, len(encoded))
-            stored_meta = {**meta, "l": fast.key} if fast else meta  # the list the release script pushes to
+            # A broker message's metadata names the list the release script pushes it onto.
+            stored_meta: Limits | CallMeta = routed(meta, fast.key) if fast else meta
             status, _, holder = self.shards.home(task_id).park_keyed(
                 task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
             )

@@ -13,6 +13,7 @@ from kombu.exceptions import KombuError
 from kombu.serialization import loads
 
 from .envelope import Envelope, EnvelopeError
+from .meta import CallMeta
 from .stored import BatchCall, decode_stored, kind_of
 
 if TYPE_CHECKING:
@@ -96,7 +97,7 @@ def queue_of_list(rd: RedisDelay, list_key: str) -> str:
     return list_key.split(layout.sep, 1)[0]
 
 
-def queue_of(rd: RedisDelay, meta: dict[str, Any], raw: bytes | None) -> str | None:
+def queue_of(rd: RedisDelay, meta: CallMeta, raw: bytes | None) -> str | None:
     """The queue a stored call goes to: from the list its metadata names (a call stored as a broker
     message), else from its payload; None when neither says (no payload, undecodable)."""
     if isinstance(meta.get("l"), str) and meta["l"]:

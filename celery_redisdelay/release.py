@@ -23,6 +23,7 @@ from . import wire
 from .batch import BatchedTask, publish_batch
 from .envelope import Envelope, EnvelopeError
 from .errors import RedisDelayError
+from .meta import CallMeta, Limits
 from .stored import BatchCall, decode_stored
 from .task import DelayedTask
 
@@ -236,7 +237,7 @@ class Releaser:
                 self.store.confirm(published, round(self.settings.queue_timeout * 1000))
         return len(published)
 
-    def _group_limits(self, group: str) -> tuple[int, dict[str, Any]]:
+    def _group_limits(self, group: str) -> tuple[int, Limits | CallMeta]:
         """The size and call limits of a group's task; defaults when this app does not know the task
         (the flushed call is then dead-lettered at release, saying so, with its items kept)."""
         try:
@@ -248,7 +249,7 @@ class Releaser:
             return task.batch_size, task.call_limits()
         if isinstance(task, DelayedTask):
             return UNKNOWN_GROUP_SIZE, task.call_limits()
-        return UNKNOWN_GROUP_SIZE, {"t": name if isinstance(name, str) else "?"}
+        return UNKNOWN_GROUP_SIZE, CallMeta(t=name if isinstance(name, str) else "?")
 
     def tick(self, budget: float = TICK_BUDGET_SECONDS) -> TickReport:
         """Sweep, flush due batch groups, then release, within ``budget`` seconds."""

@@ -12,7 +12,6 @@ The life of a call::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from redis.cluster import RedisCluster
 
 from .errors import NotReplicatedError, StoreUnavailableError
 from .keys import Keyspace
+from .meta import CallMeta, Limits, decode_meta, meta_json
 from .scripts import Scripts
 
 STATES = ("delayed", "inflight", "dead")
@@ -59,7 +59,7 @@ class Entry:
     id: str
     state: str
     score_ms: float
-    meta: dict[str, Any]
+    meta: CallMeta
     envelope: bytes | None
     queue: str | None = field(default=None, compare=False)  # where it goes, when a listing worked it out
 
@@ -144,7 +144,7 @@ class CallStore:
         self,
         call_id: str,
         envelope: bytes,
-        meta: dict[str, Any],
+        meta: Limits | CallMeta,
         *,
         countdown_ms: int | None = None,
         due_ms: int | None = None,
@@ -156,7 +156,7 @@ class CallStore:
         self,
         call_id: str,
         envelope: bytes,
-        meta: dict[str, Any] | str,
+        meta: Limits | CallMeta | str,
         *,
         countdown_ms: int | None = None,
         due_ms: int | None = None,
@@ -287,7 +287,7 @@ class CallStore:
     # -- batches ----------------------------------------------------------------------------------
 
     def batch_add(
-        self, group: str, item: str, size: int, max_wait_ms: int, call_id: str, meta: dict[str, Any]
+        self, group: str, item: str, size: int, max_wait_ms: int, call_id: str, meta: Limits | CallMeta
     ) -> tuple[int, str | None]:
         """Add an item to a group: (items now waiting, id of the call this add released or None)."""
         waiting, released = self._run(
@@ -306,7 +306,7 @@ class CallStore:
             groups: Any = self.client.zrangebyscore(self.keys.batches, "-inf", now_ms, start=0, num=limit)
         return [text(group) for group in groups]
 
-    def batch_flush(self, group: str, size: int, call_id: str, meta: dict[str, Any]) -> int:
+    def batch_flush(self, group: str, size: int, call_id: str, meta: Limits | CallMeta) -> int:
         """Flush a due group into one call; how many items it took (0: not due or flushed already)."""
         return int(
             self._run(
@@ -456,15 +456,6 @@ def _claimed(flat: Sequence[Any]) -> list[Claimed]:
     return [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2]), text(flat[i + 3])) for i in range(0, len(flat), 4)]
 
 
-def meta_json(meta: dict[str, Any], key: str | None = None) -> str:
-    """The metadata a call is parked with: its limits (and the list of a stored broker message), not yet
-    delivered, and the unique/debounce key it holds. (release.lua recognises this form at its end.)"""
-    fields = {**meta, "d": 0, "s": "delayed"}
-    if key is not None:
-        fields["k"] = key
-    return json.dumps(fields, separators=(",", ":"))
-
-
 def due_args(countdown_ms: int | None, due_ms: int | None) -> tuple[str, int]:
     """The (mode, ms) arguments of the scripts that schedule: ``in`` a countdown, or ``at`` a due time."""
     if countdown_ms is not None:
@@ -472,18 +463,3 @@ def due_args(countdown_ms: int | None, due_ms: int | None) -> tuple[str, int]:
     if due_ms is not None:
         return "at", due_ms
     raise ValueError("give countdown_ms or due_ms")
-
-
-def decode_meta(raw: bytes | None, state: str | None = None) -> dict[str, Any]:
-    """A call's stored metadata; with its ``state``, as it stands there: release.lua leaves a first
-    delivery's metadata as parked, which in flight means queued, delivery 1 (prelude.lua's
-    ``load_inflight_meta``)."""
-    try:
-        meta = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    if not isinstance(meta, dict):
-        return {}
-    if state == "inflight" and meta.get("s") == "delayed" and not meta.get("d"):
-        meta.update(s="queued", d=1)
-    return meta

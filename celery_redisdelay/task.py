@@ -15,6 +15,7 @@ from kombu.exceptions import OperationalError
 
 from .errors import Abandon, ConfigurationError, Deferred, RedisDelayError, ScheduleError, StoreUnavailableError
 from .keys import group_id
+from .meta import Limits
 from .schedule import lock_ms, resolve_due, seconds
 from .store import CONFLICT
 from .templates import template_key
@@ -76,7 +77,7 @@ class CallOptions(NamedTuple):
     """A call's options of this package: the limits stored with it, its unique/debounce mode and key
     (``""`` for none), the name of the lock it holds (None for none)."""
 
-    limits: dict[str, Any]
+    limits: Limits
     mode: str
     key: str
     lock_name: str | None
@@ -243,16 +244,13 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             parked.ignored = ignored
         return parked
 
-    def _call_options(
-        self, args: Any, kwargs: Any, options: dict[str, Any]
-    ) -> tuple[dict[str, Any], str, str, str | None]:
-        """Take this package's own options out of a call's ``options`` and check them with the call:
-        (the limits stored with it, unique/debounce mode and key, the name of the lock it holds)."""
+    def _call_options(self, args: Any, kwargs: Any, options: dict[str, Any]) -> CallOptions:
+        """Take this package's own options out of a call's ``options`` and check them with the call."""
         limits = self._limits({name: options.pop(name, None) for name in CALL_OPTIONS})
         mode, key = self._key_option({name: options.pop(name, None) for name in KEY_OPTIONS})
         # A template the arguments cannot fill fails here.
         lock_name = self.lock_name(args or (), kwargs or {}) if self.lock is not None else None
-        return limits, mode, key, lock_name
+        return CallOptions(limits, mode, key, lock_name)
 
     def park_many(self, calls: Iterable[Sequence[Any]], kwargs: Any = None, **options: Any) -> list[AsyncResult]:
         """Park one call per item of ``calls`` (each an args tuple, as for ``starmap``), all with the same
@@ -275,7 +273,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             raise ScheduleError(f"{name} must be a non-empty string, not {value!r}")
         return name.removesuffix("_key"), group_id(self.name, value)
 
-    def _limits(self, overrides: dict[str, Any]) -> dict[str, Any]:
+    def _limits(self, overrides: dict[str, Any]) -> Limits:
         """The per-call limits stored with the call: deliveries and timeouts in ms."""
         settings = self.redisdelay.settings
         run = overrides["visibility_timeout"] or self.visibility_timeout or settings.visibility_timeout
@@ -285,12 +283,12 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             limit = self.max_deliveries if self.max_deliveries is not None else settings.max_deliveries
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"max_deliveries must be an integer >= 0 (0: no limit), not {limit!r}")
-        return {
-            "t": self.name,
-            "m": limit,
-            "r": round(seconds(run, "visibility_timeout") * 1000),
-            "q": round(seconds(queue, "queue_timeout") * 1000),
-        }
+        return Limits(
+            t=self.name,
+            m=limit,
+            r=round(seconds(run, "visibility_timeout") * 1000),
+            q=round(seconds(queue, "queue_timeout") * 1000),
+        )
 
     # -- the lock a call holds while it runs ---------------------------------------------------------
 
@@ -348,7 +346,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                         request.id,
                     )
 
-    def call_limits(self) -> dict[str, Any]:
+    def call_limits(self) -> Limits:
         """The task's own limits, as stored with a call that gives none of its own."""
         return self._limits(dict.fromkeys(CALL_OPTIONS))
 

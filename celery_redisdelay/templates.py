@@ -33,7 +33,7 @@ from kombu.utils import json as kombu_json
 
 from .envelope import Envelope
 from .errors import PayloadError
-from .store import meta_json
+from .meta import CallMeta, Limits, meta_json
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -318,7 +318,7 @@ KEPT_OPTIONS = frozenset(
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def template_key(task: Any, options: dict[str, Any], limits: dict[str, Any]) -> tuple[Any, ...] | None:
+def template_key(task: Any, options: dict[str, Any], limits: Limits) -> tuple[Any, ...] | None:
     """The key under which a single call's template is kept, or None when Celery must build this call:
     when someone listens to the publish signals or task-sent events (they get Celery's own arguments),
     in a task (the parent ids and inherited priority change per call), with a router that may look at
@@ -398,7 +398,7 @@ class TemplateCache:
         self._seen.add(key)
         return False
 
-    def keep(self, key: tuple[Any, ...], template: CallTemplate | None, meta: dict[str, Any]) -> None:
+    def keep(self, key: tuple[Any, ...], template: CallTemplate | None, meta: Limits | CallMeta) -> None:
         """Keep the template made for ``key`` (None: it could not be made), with its calls' metadata."""
         if template is None:
             if len(self._refused) < self.LIMIT:
@@ -413,5 +413,5 @@ class Kept(NamedTuple):
     """A kept template, the metadata its calls are parked with, and that metadata's stored form (keyless)."""
 
     template: CallTemplate
-    meta: dict[str, Any]
+    meta: Limits | CallMeta
     stored_meta: str

@@ -6,7 +6,7 @@
 --   KEYS[2] inflight  zset  id -> deadline (ms)
 --   KEYS[3] dead      zset  id -> time it was dead-lettered (ms)
 --   KEYS[4] payloads  hash  id -> envelope (opaque to Lua), or a batch stub (see batch_add.lua)
---   KEYS[5] meta      hash  id -> small JSON object:
+--   KEYS[5] meta      hash  id -> small JSON object (typed for Python in meta.py, CallMeta):
 --       d deliveries, m max deliveries, r run timeout (ms), q queue timeout (ms), t task name,
 --       s state (delayed | claimed | queued | running | swept | deferred | dead), why (dead reason);
 --       in flight, 'delayed' with d 0 stands for queued, d 1 (see load_inflight_meta),

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..listing import server_ms
-from ..store import decode_meta, redis_errors, text
+from ..meta import decode_meta
+from ..store import redis_errors, text
 
 if TYPE_CHECKING:
     from ..extension import RedisDelay

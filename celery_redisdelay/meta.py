@@ -1,0 +1,65 @@
+"""A call's metadata: the small JSON object kept beside its payload (``{tag}:meta``), typed.
+
+The Lua scripts read and write the same fields; ``lua/prelude.lua`` lists them and points here. The
+park writes the limits (and, for a stored broker message, its list), not yet delivered; the scripts
+then keep the delivery count and phase as the call moves (see README, the life of a call).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TypedDict, cast
+
+
+class Limits(TypedDict):
+    """What a call is parked with: its task and limits (written once, by the park)."""
+
+    t: str  # the task's name
+    m: int  # deliveries before it is dead-lettered (0: no limit)
+    r: int  # run timeout: ms a started call may run before the sweep delivers it again
+    q: int  # queue timeout: ms a released call may wait in the broker queue
+
+
+class CallMeta(TypedDict, total=False):
+    """A call's metadata as read back: its limits and what the scripts add as it moves. Any field may be
+    missing (metadata someone damaged reads as empty)."""
+
+    t: str
+    m: int
+    r: int
+    q: int
+    l: str  # noqa: E741 - the broker list a stored broker message goes to (the fast release path)
+    k: str  # the unique/debounce key it holds while parked
+    d: int  # deliveries so far
+    s: str  # phase: delayed | claimed | queued | running | swept | deferred | dead
+    w: int  # deferrals behind a busy lock
+    why: str  # why it was dead-lettered
+
+
+def routed(limits: Limits, list_key: str) -> CallMeta:
+    """The metadata of a call stored as a broker message: its limits and the list it goes to."""
+    return cast(CallMeta, {**limits, "l": list_key})
+
+
+def meta_json(meta: Limits | CallMeta, key: str | None = None) -> str:
+    """The metadata a call is parked with: its limits (and list), not yet delivered, and the unique or
+    debounce key it holds. release.lua recognises this form by its end (``,"d":0,"s":"delayed"}``)."""
+    fields = {**meta, "d": 0, "s": "delayed"}
+    if key is not None:
+        fields["k"] = key
+    return json.dumps(fields, separators=(",", ":"))
+
+
+def decode_meta(raw: bytes | str | None, state: str | None = None) -> CallMeta:
+    """A call's stored metadata (empty when missing or not JSON); with its ``state``, as it stands there:
+    release.lua leaves a first delivery's metadata as parked, which in flight means queued, delivery 1
+    (prelude.lua's ``load_inflight_meta``)."""
+    try:
+        meta = json.loads(raw) if raw else {}
+    except ValueError:
+        return CallMeta()
+    if not isinstance(meta, dict):
+        return CallMeta()
+    if state == "inflight" and meta.get("s") == "delayed" and not meta.get("d"):
+        meta.update(s="queued", d=1)
+    return cast(CallMeta, meta)
