@@ -161,14 +161,6 @@ def _memory(size: int | None) -> str:
     return f"{size_text(size)} (estimate: MEMORY USAGE of the nine fixed keys of each shard)"
 
 
-@redisdelay.command(hidden=True)
-@JSON_OPTION
-@click.pass_context
-def stats(ctx: click.Context, as_json: bool) -> None:
-    """The old name of ``status``."""
-    ctx.invoke(status, as_json=as_json)
-
-
 @redisdelay.command(name="list")
 @click.option("--state", type=click.Choice(STATES), default="delayed", show_default=True)
 @click.option("--task", help="Only calls of this task (name as registered).")

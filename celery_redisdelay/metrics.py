@@ -105,10 +105,6 @@ class RedisDelayCollector:
         )
 
 
-def _bucket_label(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else str(bound)
-
-
 def serve(rd: RedisDelay, port: int, address: str = "127.0.0.1") -> Any:
     """Serve ``/metrics`` on ``address:port`` in a thread; returns the server (``shutdown()`` stops it)."""
     try:

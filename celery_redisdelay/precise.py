@@ -1,11 +1,11 @@
 """The precise releaser: releases each call the moment it is due, without polling.
 
 It sleeps until the earliest parked call is due, blocked in ``BZPOPMIN`` on the store's ``wake``
-markers, which the park script adds whenever a call is parked earlier than every other one (seed
-003: blocking waits instead of empty polling); so a new earlier call wakes it at once. The sleep is
-capped (``longest_sleep``), a dropped connection is caught and retried (seed 003 again: an idle
-blocked connection can be closed by the server), and any number of releasers may run beside each
-other and beside the beat tick, which stays as the backstop: every release is one atomic script.
+markers, which the park script adds whenever a call is parked earlier than every other one (a
+blocking wait instead of empty polling); so a new earlier call wakes it at once. The sleep is capped
+(``longest_sleep``), a dropped connection is caught and retried (the server may close an idle blocked
+connection), and any number of releasers may run beside each other and beside the beat tick, which
+stays as the backstop: every release is one atomic script.
 
 Run it as ``celery -A proj redisdelay releaser``, or inside each worker with
 ``redisdelay_precise_release = True``. With ``redisdelay_shards``, one releaser thread watches each

@@ -1,9 +1,10 @@
-"""The validation of seed 001, run through the real path: park, release, fail, sweep, redeliver, ack.
+"""The validation: N messages, a consumer that fails every other one, all N processed in the end; run
+through the real path: park, release, fail, sweep, redeliver, ack.
 
 ``count`` messages are parked for a consumer task that fails every ``fail_every``-th delivery without
 acknowledging it (it raises :class:`Abandon`); the sweep brings those back after ``timeout`` seconds.
 The run ends when every message has been processed and none of its calls is left in the store, or at
-the deadline. Unlike the seed, the report also counts duplicates.
+the deadline. The report also counts duplicates (processed more than once), not only missing messages.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The demo: a real worker and beat, a delayed order update, then the validation of seed 001.
+"""The demo: a real worker and beat, a delayed order update, trucks of parcels, then the validation.
 
     python -m example_project.demo [--count 200] [--fail-every 2] [--timeout 2] [--json] [--keep-logs]
 
@@ -105,7 +105,7 @@ def deferrals(rd: RedisDelay, call_id: str) -> int:
 
 
 def order_scenario(rd: RedisDelay) -> None:
-    """Seed 000: an order update deferred while another writer holds the order's lock, applied once
+    """An order update deferred while another writer holds the order's lock, applied once
     the lock is released."""
     from example_project.tasks import db, update_order
 
@@ -125,7 +125,7 @@ def order_scenario(rd: RedisDelay) -> None:
 
 
 def batch_scenario() -> None:
-    """Seed 002: parcels gathered per delivery area, bound to a truck ten at a time or after 3 s."""
+    """Parcels gathered per delivery area, bound to a truck ten at a time or after 3 s."""
     from example_project.tasks import bind_truck, db
 
     areas = {"area-7": 23, "area-9": 4}

@@ -17,7 +17,7 @@ ORDER_LOCK_SECONDS = 10
 
 @rd.delayed(lock="order:{order_id}", lock_timeout=ORDER_LOCK_SECONDS, lock_retry=5, timeout=30)
 def update_order(order_id: int, status: str) -> str:
-    """Seed 000: write an order's status under the order's lock.
+    """Write an order's status under the order's lock (an update that finds it busy waits in Redis).
 
     The worker takes the lock ``order:<id>`` before the body runs. When another writer holds it, the
     update is not dropped and no worker waits for it: the call goes back to Redis behind the lock and
@@ -31,8 +31,8 @@ def update_order(order_id: int, status: str) -> str:
 
 @rd.batched(size=10, max_wait=3)
 def bind_truck(area: str, parcels: list[int]) -> int:
-    """Seed 002: parcels of one delivery area are bound to a truck ten at a time, or when the first
-    parcel has waited 3 s (the seed waits 4 minutes)."""
+    """Parcels of one delivery area are bound to a truck ten at a time, or when the first parcel has
+    waited 3 s (a real dispatcher might wait minutes)."""
     db.rpush(f"example:trucks:{area}", ",".join(map(str, parcels)))
     logger.info("truck for %s loaded with %d parcels: %s", area, len(parcels), parcels)
     return len(parcels)

@@ -83,14 +83,14 @@ def heartbeat(self: Any, key: str, seconds: float) -> int:
 
 @rd.batched(size=10, max_wait=1.0)
 def bind_truck(area: str, parcels: list[Any]) -> int:
-    """Seed 002: bind an area's parcels to one truck; record each batch as it arrived."""
+    """Bind an area's parcels to one truck; record each batch as it arrived."""
     _marks.rpush(f"trucks:{area}", json.dumps(parcels))
     return len(parcels)
 
 
 @rd.delayed(bind=True, lock="order:{order_id}", lock_timeout=10, lock_retry=2)
 def update_order(self: Any, order_id: str, status: str) -> str:
-    """Seed 000: an order update under the order's lock; counts runners to catch two at once."""
+    """An order update under the order's lock; counts runners to catch two at once."""
     running = _marks.incr(f"order:{order_id}:running")
     try:
         _marks.rpush(f"order:{order_id}:concurrency", running)

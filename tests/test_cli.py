@@ -153,13 +153,11 @@ def test_status_counts_every_state_and_the_oldest_late_calls(rd: RedisDelay) -> 
     assert "estimate" in table
 
 
-def test_status_of_an_empty_store_and_the_old_stats_name(rd: RedisDelay) -> None:
+def test_status_of_an_empty_store(rd: RedisDelay) -> None:
     found = as_json(rd, "status")
     assert found["delayed"] == found["inflight"] == found["dead"] == 0
     assert found["oldest_overdue"] is None and found["oldest_expired"] is None
-    assert as_json(rd, "stats").keys() == found.keys()
-    assert "stats" not in ok(rd, "--help").stdout, "the old name is hidden"
-    assert "  oldest overdue  -\n" in ok(rd, "stats").stdout
+    assert "  oldest overdue  -\n" in ok(rd, "status").stdout
 
 
 # -- list -----------------------------------------------------------------------------------------

@@ -162,7 +162,7 @@ def test_cli_stats_and_cancel(proj: Any, cluster: Cluster) -> None:
     def celery(*args: str) -> subprocess.CompletedProcess[str]:
         return celery_cli(cluster, *args)
 
-    stats = json.loads(celery("stats", "--json").stdout)
+    stats = json.loads(celery("status", "--json").stdout)
     assert stats["delayed"] >= 1
     listed = celery("list", "--state", "delayed", "--limit", "10000", "--json")
     assert parked.id in {row["id"] for row in json.loads(listed.stdout)["calls"]}

@@ -1,7 +1,7 @@
 """End to end, real worker and beat: keyed batches, lock deferral, debounce, unique parking, reschedule.
 
-The tasks are in ``tests.proj``: ``bind_truck`` (seed 002's area batching), ``update_order`` and
-``hold_order`` (seed 000's order update under the order's lock).
+The tasks are in ``tests.proj``: ``bind_truck`` (parcels batched per delivery area), ``update_order`` and
+``hold_order`` (an order update under the order's lock).
 """
 
 from __future__ import annotations

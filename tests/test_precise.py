@@ -73,7 +73,7 @@ def test_the_releaser_carries_on_after_its_connections_are_dropped(rd: RedisDela
     ping = task_on(rd)
     with running(rd, longest_sleep=30.0):
         wait_for(lambda: blocked(client), 10, "the releaser to sleep in BZPOPMIN")
-        client.client_kill_filter(_type="normal", skipme=True)  # seed 003: the server drops idle clients
+        client.client_kill_filter(_type="normal", skipme=True)  # as a server that drops idle clients does
         result = ping.apply_async((1,), countdown=0)
         wait_for(lambda: published(client, rd) == [result.id], 15, "a release after the reconnect")
 

@@ -1,6 +1,6 @@
--- validate_consume.lua: one delivery of a validation message (seed 001's consumer).
--- Every fail_every-th delivery of the run fails (counted across the run, as the seed's consumer
--- counts the messages it takes); the others record the message as processed.
+-- validate_consume.lua: one delivery of a validation message (the consumer of validation.py).
+-- Every fail_every-th delivery of the run fails (counted across the run, over the messages the consumer
+-- takes); the others record the message as processed.
 -- KEYS: 1 processed (hash: message number -> times processed), 2 counters (hash)
 -- ARGV: 1 message number, 2 fail_every (0: never fail)
 -- Returns: 1 processed, 0 failed on purpose.
