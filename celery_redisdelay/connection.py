@@ -22,8 +22,9 @@ from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.cluster import RedisCluster
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelConnectionPool
 
+from . import broker_redis
 from .errors import ConfigurationError
 from .settings import CLUSTER_SCHEMES, SENTINEL_SCHEMES, Settings
 
@@ -93,3 +94,17 @@ def _sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
         path[0], db=database, health_check_interval=HEALTH_CHECK_SECONDS, **options
     )
     return master
+
+
+def broker_is_store(app: Any, client: redis.Redis) -> bool:
+    """Whether the app's broker is a Redis on the server and database ``client`` talks to, as kombu reaches it."""
+    if is_cluster(client) or isinstance(client.connection_pool, SentinelConnectionPool):
+        return False
+    connection = app.connection_for_write()
+    try:
+        broker = broker_redis.read(connection)
+    except ConfigurationError:
+        return False
+    finally:
+        connection.release()
+    return broker is not None and not broker.sentinels and broker.address == broker_redis.address_of(client)

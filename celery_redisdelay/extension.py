@@ -5,37 +5,30 @@ from __future__ import annotations
 import inspect
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import Any, TypeVar, overload
 
-import redis
-from celery import Celery, Task, signals
-from kombu import serialization
-from redis.sentinel import SentinelConnectionPool
+from celery import Celery, signals
 
-from . import batch, broker_redis, tracking, wire
+from . import batch, broker_redis, checks, tracking, wire
 from .batch import check_batch_options
-from .connection import connect, is_cluster
-from .envelope import Envelope
+from .connection import broker_is_store, connect, is_cluster
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
 from .keys import Keyspace
 from .listing import Scanner
 from .locks import Lock
-from .meta import CallMeta, Limits, meta_json, routed
 from .operations import on_shards
 from .precise import PreciseReleaseStep
 from .producer import ParkingProducer, accepted_content_types
 from .release import Releaser, TickReport, tick_all
 from .revocation import announce_revoked
-from .schedule import Due, resolve_due
+from .schedule import resolve_due
 from .settings import Settings, positive_setting
 from .shards import ShardSet
-from .store import CallStore, Cancelled, Entry, redis_errors, text
-from .stored import encode_stored
-from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options
-from .templates import CallTemplate, Kept, TemplateCache
+from .store import CallStore, Cancelled, Entry, redis_errors
+from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options, combined_base
+from .templates import TemplateCache
 from .tracking import DurableRevokeStep
 from .validation import register_validation_tasks
 
@@ -52,37 +45,10 @@ _EXTENSIONS: weakref.WeakKeyDictionary[Celery, RedisDelay] = weakref.WeakKeyDict
 _OPTION_ATTRIBUTES = {"countdown": "default_countdown", "timeout": "visibility_timeout"}
 
 
-def broker_is_store(app: Any, client: redis.Redis) -> bool:
-    """Whether the app's broker is a Redis on the server and database ``client`` talks to, as kombu reaches it."""
-    if is_cluster(client) or isinstance(client.connection_pool, SentinelConnectionPool):
-        return False
-    connection = app.connection_for_write()
-    try:
-        broker = broker_redis.read(connection)
-    except ConfigurationError:
-        return False
-    finally:
-        connection.release()
-    return broker is not None and not broker.sentinels and broker.address == broker_redis.address_of(client)
-
-
 def check_task_id(task_id: object, argument: str = "task_id") -> None:
     """Refuse an id that is not a string, naming the argument (a Celery task id is a string)."""
     if not isinstance(task_id, str):
         raise TypeError(f"{argument} must be a string (a Celery task id), not {task_id!r}")
-
-
-def check_protocol(conf: Any) -> None:
-    """Refuse Celery's task message protocol 1: its countdown cannot be taken out of the message.
-
-    Before the app is configured, ``conf`` is what was set so far (Celery's ``app._preconf``): reading
-    ``app.conf`` then would load the configuration before the user is done with it."""
-    protocol = conf.get("task_protocol") or 2
-    if protocol != 2:
-        raise ConfigurationError(
-            f"task_protocol = {protocol!r}: celery-redisdelay needs Celery's task message protocol 2 (the default); "
-            "remove the task_protocol setting"
-        )
 
 
 class RedisDelay:
@@ -100,7 +66,7 @@ class RedisDelay:
         self.app: Any = app
         self._releasers: dict[str, Releaser] = {}
         self._task_names: set[str] = set()  # the names of this extension's tasks
-        check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
+        checks.check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
         # Calls by name (app.send_task) to a delayed task of this app are parked too; Celery's own
         # send_task stays here for publishing at once (a released batch).
         self.celery_send_task: Callable[..., Any] = app.send_task
@@ -144,7 +110,7 @@ class RedisDelay:
 
     @cached_property
     def settings(self) -> Settings:
-        check_protocol(self.app.conf)
+        checks.check_protocol(self.app.conf)
         return Settings.from_conf(self.app.conf)
 
     @cached_property
@@ -244,7 +210,7 @@ class RedisDelay:
         if sender is self.app and source is not None:
             self._install_schedule(source)
             try:
-                check_protocol(source)
+                checks.check_protocol(source)
             except ConfigurationError as exc:
                 # Celery logs and swallows errors of this signal; parking raises it again.
                 logger.error("redisdelay: %s", exc)
@@ -321,7 +287,7 @@ class RedisDelay:
     def _decorator(self, base: type[DelayedTask], options: dict[str, Any]) -> Callable[[F], Any]:
         routing = {key: options.pop(key) for key in ROUTING_OPTIONS if key in options}
         task_options = {_OPTION_ATTRIBUTES.get(key, key): value for key, value in options.items()}
-        task_options["base"] = self._base(base, task_options.get("base"))
+        task_options["base"] = combined_base(base, task_options.get("base"))
         # A delayed task parks through this extension: it must not be copied into other apps.
         task_options.setdefault("shared", False)
         if routing:
@@ -341,22 +307,6 @@ class RedisDelay:
 
         return decorate
 
-    def _base(self, ours: type[DelayedTask], given: Any) -> type[DelayedTask]:
-        """The class a decorated task derives from: ours, or a task class of the user's over ours (so
-        ``@rd.delayed(base=MyTask)`` keeps MyTask's hooks, as ``@app.task(base=MyTask)`` would)."""
-        if given is None or (isinstance(given, type) and issubclass(ours, given)):
-            return ours  # no base, or one ours derives from already (celery.Task, app.Task)
-        if not (isinstance(given, type) and issubclass(given, Task)):
-            raise ConfigurationError(f"base={given!r} must be a Celery task class")
-        if issubclass(given, ours):
-            return given
-        if issubclass(given, DelayedTask):
-            raise ConfigurationError(f"base={given!r} is a task class of another kind or another RedisDelay")
-        try:
-            return type(given.__name__, (given, ours), {"__module__": given.__module__})
-        except TypeError as exc:
-            raise ConfigurationError(f"base={given!r} cannot be combined with {ours.__name__}: {exc}") from exc
-
     # -- parking -------------------------------------------------------------------------------
 
     def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:
@@ -375,70 +325,10 @@ class RedisDelay:
             return self.celery_send_task(name, *args, **kwargs)
         return task.park_sent(given, self.celery_send_task)
 
-    @contextmanager
-    def parking_producer(
-        self,
-        task_id: str,
-        due: Due,
-        meta: Limits,
-        mode: str = "",
-        key: str = "",
-        capture: list[tuple[Envelope, Due, Limits]] | None = None,
-        learn: tuple[Any, ...] | None = None,
-    ) -> Iterator[ParkingProducer]:
-        """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
-
-        ``mode`` ``unique`` or ``debounce`` parks it under ``key`` (see :meth:`CallStore.park_keyed`);
-        the producer's ``outcome`` then tells what the store did. With ``learn``, a template of the call
-        is kept under that key (see :mod:`celery_redisdelay.templates`) for the calls like it.
-        """
-
-        def park(envelope: Envelope) -> tuple[int, str]:
-            if capture is not None:
-                capture.append((envelope, due, meta))
-                return 1, task_id
-            encoded, fast = encode_stored(self.app, self.broker_layout if self.wire_format else None, envelope)
-            self.check_size(envelope.task, len(encoded))
-            # A broker message's metadata names the list the release script pushes it onto.
-            stored_meta: Limits | CallMeta = routed(meta, fast.key) if fast else meta
-            status, _, holder = self.shards.home(task_id).park_keyed(
-                task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
-            )
-            if learn is not None:
-                given = dict(learn[1])
-                serializer = serialization.registry.type_to_name.get(envelope.content_type)
-                fixed = ("argsrepr" in given, "kwargsrepr" in given)
-                template = CallTemplate.of(self.app, envelope, encoded, fast, serializer, fixed_reprs=fixed)
-                self.templates.keep(learn, template, stored_meta)
-            return status, holder
-
-        with self.app.producer_or_acquire() as real:
-            yield ParkingProducer(real, task_id, park, self.accepted_content_types)
-
     @cached_property
     def templates(self) -> TemplateCache:
         """Templates of single calls by task and options (see :mod:`celery_redisdelay.templates`)."""
         return TemplateCache()
-
-    def park_from(
-        self, kept: Kept, task: DelayedTask, call_id: str, args: Any, kwargs: Any, due: Due, mode: str, key: str
-    ) -> tuple[int, str]:
-        """Park a call rendered from a kept template, without Celery: (status, id), as the parking
-        producer's ``outcome``. The arguments are checked as Celery checks them first."""
-        args, kwargs = args or (), kwargs or {}
-        if not isinstance(args, list | tuple):
-            raise TypeError("task args must be a list or tuple")
-        if not isinstance(kwargs, Mapping):
-            raise TypeError("task keyword arguments must be a mapping")
-        if task.typing:
-            task.__header__(*args, **kwargs)
-        stored = kept.template.render(call_id, args, kwargs)
-        self.check_size(kept.template.task, len(stored))
-        meta = meta_json(kept.meta, key) if mode else kept.stored_meta
-        status, _, holder = self.shards.home(call_id).park_keyed(
-            call_id, stored, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
-        )
-        return status, holder
 
     def check_size(self, what: str, size: int) -> None:
         """Refuse to store more than ``redisdelay_max_payload_bytes`` for one call (or batch item)."""
@@ -452,61 +342,11 @@ class RedisDelay:
 
     def check_server(self) -> list[str]:
         """Problems of the store's Redis that can lose parked calls; logged loudly when workers and beat start."""
-        problems = []
-        try:
-            found: Any = self.client.config_get("maxmemory-policy")
-        except redis.RedisError:
-            return []  # CONFIG may be disabled (managed Redis): nothing to say
-        if is_cluster(self.client) and found and all(isinstance(value, dict) for value in found.values()):
-            found = next(iter(found.values()))  # one answer per node; they are configured alike
-        policy = text(dict(found).get(b"maxmemory-policy") or dict(found).get("maxmemory-policy") or "noeviction")
-        if policy.startswith("allkeys-"):
-            problems.append(
-                f"Redis at {self.settings.url} has maxmemory-policy {policy}: when it fills up it evicts keys, "
-                "and parked calls with them, silently. Set maxmemory-policy noeviction for the store"
-            )
-        elif policy.startswith("volatile-"):
-            problems.append(
-                f"Redis at {self.settings.url} has maxmemory-policy {policy}: when it fills up it may evict locks "
-                "(they expire, so they are candidates); use noeviction to keep lock deferral exclusive"
-            )
-        return problems
+        return checks.server_problems(self)
 
     def check_config(self) -> list[str]:
-        """Settings that make the broker deliver calls we track a second time; logged loudly at start-up.
-
-        kombu's Redis transport delivers a message again when it stays unacknowledged longer than the
-        broker's ``visibility_timeout`` (one hour by default): a run longer than that under
-        ``acks_late``, or a message waiting in a worker's prefetch buffer that long.
-        """
-        conf = self.app.conf
-        options = conf.get("broker_transport_options") or {}
-        broker = str(conf.get("broker_url") or "")
-        if not broker.startswith(("redis://", "rediss://", "sentinel://", "unix://")):
-            return []
-        broker_timeout = float(options.get("visibility_timeout", 3600))
-        problems = []
-        runs = {
-            task.name: task.visibility_timeout or self.settings.visibility_timeout
-            for task in self.app.tasks.values()
-            if isinstance(task, DelayedTask) and task.acks_late
-        }
-        too_long = sorted(name for name, run in runs.items() if run > broker_timeout)
-        if too_long:
-            longest = max(runs[name] for name in too_long)
-            names = ", ".join(too_long)
-            problems.append(
-                f"tasks with acks_late ({names}) may run up to {longest:.0f} s (their visibility timeout), longer "
-                f"than the broker's visibility_timeout of {broker_timeout:.0f} s: the broker would deliver a running "
-                "call again. Raise broker_transport_options['visibility_timeout'] above the longest run"
-            )
-        if self.settings.queue_timeout < broker_timeout:
-            problems.append(
-                f"redisdelay_queue_timeout ({self.settings.queue_timeout:.0f} s) is shorter than the broker's "
-                f"visibility_timeout ({broker_timeout:.0f} s): a released call a worker prefetched can be delivered "
-                "by the sweep and again by the broker. Leave redisdelay_queue_timeout unset (twice the broker's)"
-            )
-        return problems
+        """Settings that make the broker deliver calls we track a second time; logged loudly at start-up."""
+        return checks.config_problems(self)
 
     def _warn_about_server(self, sender: Any = None, **_: Any) -> None:
         app = getattr(sender, "app", None)

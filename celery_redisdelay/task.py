@@ -16,6 +16,7 @@ from kombu.exceptions import OperationalError
 from .errors import Abandon, ConfigurationError, Deferred, RedisDelayError, ScheduleError, StoreUnavailableError
 from .keys import group_id
 from .meta import Limits
+from .parking import park_from, parking_producer
 from .schedule import lock_ms, resolve_due, seconds
 from .store import CONFLICT
 from .templates import template_key
@@ -175,9 +176,9 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         def send(call_id: str) -> tuple[int, str]:
             kept = rd.templates.get(kept_key)
             if kept is not None:
-                return rd.park_from(kept, self, call_id, args, kwargs, due, mode, key)
+                return park_from(rd, kept, self, call_id, args, kwargs, due, mode, key)
             learn = kept_key if rd.templates.wanted(kept_key) else None
-            with rd.parking_producer(call_id, due, limits, mode, key, capture, learn) as parking:
+            with parking_producer(rd, call_id, due, limits, mode, key, capture, learn) as parking:
                 try:
                     build(call_id, parking, dict(options))
                 except OperationalError as exc:
@@ -360,3 +361,20 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             timeout = self.visibility_timeout or self.redisdelay.settings.visibility_timeout
         call_id, timeout_ms = self.request.id, round(seconds(timeout, "timeout") * 1000)
         return self.redisdelay.shards.first(call_id, lambda store: store.touch(call_id, timeout_ms))
+
+
+def combined_base(ours: type[DelayedTask], given: Any) -> type[DelayedTask]:
+    """The class a decorated task derives from: ours, or a task class of the user's over ours (so
+    ``@rd.delayed(base=MyTask)`` keeps MyTask's hooks, as ``@app.task(base=MyTask)`` would)."""
+    if given is None or (isinstance(given, type) and issubclass(ours, given)):
+        return ours  # no base, or one ours derives from already (celery.Task, app.Task)
+    if not (isinstance(given, type) and issubclass(given, Task)):
+        raise ConfigurationError(f"base={given!r} must be a Celery task class")
+    if issubclass(given, ours):
+        return given
+    if issubclass(given, DelayedTask):
+        raise ConfigurationError(f"base={given!r} is a task class of another kind or another RedisDelay")
+    try:
+        return type(given.__name__, (given, ours), {"__module__": given.__module__})
+    except TypeError as exc:
+        raise ConfigurationError(f"base={given!r} cannot be combined with {ours.__name__}: {exc}") from exc

@@ -22,7 +22,7 @@ from celery import Celery
 from redis.sentinel import SentinelConnectionPool
 
 from celery_redisdelay import ConfigurationError, RedisDelay
-from celery_redisdelay.extension import broker_is_store
+from celery_redisdelay.connection import broker_is_store
 from celery_redisdelay.settings import Settings
 from celery_redisdelay.testing import RedisServer, free_port
 from celery_redisdelay.topologies import LocalSentinel
