@@ -15,6 +15,7 @@ from . import batch, broker_redis, checks, tracking, wire
 from .batch import check_batch_options
 from .connection import broker_is_store, connect, is_cluster
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
+from .kept import TemplateCache
 from .keys import Keyspace
 from .listing import Scanner
 from .locks import Lock
@@ -28,7 +29,6 @@ from .settings import Settings, positive_setting
 from .shards import ShardSet
 from .store import CallStore, Cancelled, Entry, redis_errors
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options, combined_base
-from .templates import TemplateCache
 from .tracking import DurableRevokeStep
 from .validation import register_validation_tasks
 

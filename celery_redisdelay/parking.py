@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any
 from kombu import serialization
 
 from .envelope import Envelope
+from .kept import Kept
 from .meta import CallMeta, Limits, meta_json, routed
 from .producer import ParkingProducer
 from .schedule import Due
 from .stored import encode_stored
-from .templates import CallTemplate, Kept
+from .templates import CallTemplate
 
 if TYPE_CHECKING:
     from .extension import RedisDelay

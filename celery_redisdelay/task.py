@@ -14,12 +14,12 @@ from celery.utils import uuid
 from kombu.exceptions import OperationalError
 
 from .errors import Abandon, ConfigurationError, Deferred, RedisDelayError, ScheduleError, StoreUnavailableError
+from .kept import template_key
 from .keys import group_id
 from .meta import Limits
 from .parking import park_from, parking_producer
 from .schedule import lock_ms, resolve_due, seconds
 from .store import CONFLICT
-from .templates import template_key
 
 if TYPE_CHECKING:
     from .extension import RedisDelay

@@ -19,8 +19,9 @@ from kombu.serialization import dumps
 from kombu.utils import json as kombu_json
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.kept import TemplateCache
 from celery_redisdelay.shards import fresh_ids
-from celery_redisdelay.templates import CallTemplate, TemplateCache, flat_saferepr
+from celery_redisdelay.templates import CallTemplate, flat_saferepr
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 #: The embedded part of the body of a call without callbacks, chain or chord (protocol 2).

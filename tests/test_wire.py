@@ -21,8 +21,8 @@ from kombu import Exchange, Queue
 
 from celery_redisdelay import ConfigurationError, RedisDelay
 from celery_redisdelay.envelope import EnvelopeError
+from celery_redisdelay.kept import KEPT_OPTIONS
 from celery_redisdelay.stored import decode_stored
-from celery_redisdelay.templates import KEPT_OPTIONS
 from celery_redisdelay.testing import wait_for
 from celery_redisdelay.wire import PREFIX, BrokerLayout
 
