@@ -13,9 +13,10 @@ import threading
 from typing import Any
 
 import click
+from celery.bin.base import handle_preload_options
 
 from . import admin, cli_actions, metrics
-from .cli_output import JSON_OPTION, emit, extension, on_stop_signals, pairs, table
+from .cli_output import FORCE_OPTION, JSON_OPTION, emit, extension, on_stop_signals, pairs, say, table
 from .errors import RedisDelayError
 from .humanize import deliveries, lock_text, relative, size_text, span
 from .precise import PreciseReleasers
@@ -34,8 +35,12 @@ class RedisDelayGroup(click.Group):
 
 
 @click.group(cls=RedisDelayGroup)
-def redisdelay() -> None:
+@click.pass_context
+@handle_preload_options  # type: ignore[untyped-decorator]  # Celery is untyped
+def redisdelay(ctx: click.Context, **preload: Any) -> None:
     """Delayed calls kept in Redis by celery-redisdelay."""
+    # The app's own preload options (``app.user_options['preload']``) are added to this group by
+    # Celery; handle_preload_options hands them to the app's user_preload_options receivers.
 
 
 for _command in cli_actions.COMMANDS:
@@ -63,9 +68,9 @@ def releaser(ctx: click.Context, longest_sleep: float, shards: tuple[int, ...]) 
     running = PreciseReleasers(rd, longest_sleep=longest_sleep, shards=shards or None)
 
     on_stop_signals(running.stop)
-    click.echo(f"redisdelay releaser: releasing calls of {rd.app.main} as they fall due (pid {os.getpid()})")
+    say(f"redisdelay releaser: releasing calls of {rd.app.main} as they fall due (pid {os.getpid()})")
     running.run()
-    click.echo(f"redisdelay releaser: stopped after releasing {running.released} calls")
+    say(f"redisdelay releaser: stopped after releasing {running.released} calls")
 
 
 @redisdelay.command()
@@ -81,11 +86,11 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
         raise click.ClickException(f"cannot serve metrics on {address}:{port}: {exc}") from exc
     stopping = threading.Event()
     on_stop_signals(stopping.set)
-    click.echo(f"redisdelay exporter: metrics of {rd.app.main} at http://{address}:{port}/metrics (pid {os.getpid()})")
+    say(f"redisdelay exporter: metrics of {rd.app.main} at http://{address}:{port}/metrics (pid {os.getpid()})")
     stopping.wait()
     server.shutdown()
     server.server_close()
-    click.echo("redisdelay exporter: stopped")
+    say("redisdelay exporter: stopped")
 
 
 @redisdelay.command()
@@ -119,7 +124,7 @@ def web(
         click.echo(
             f"redisdelay web: WARNING: listening on {host} without --auth: anyone who reaches it can act", err=True
         )
-    serve(app, host, port, threads, say=click.echo)
+    serve(app, host, port, threads, say=say)
 
 
 @redisdelay.command()
@@ -226,15 +231,15 @@ def list_calls(
         table(headers, rows, right=(4,))
     else:
         matching = admin.Filter(task, queue, search)
-        click.echo(
+        say(
             f"no {state} calls"
             + (f" matching {matching.describe()}" if matching.active else "")
             + (" from this cursor" if cursor else "")
         )
     if found.scan_stopped:
-        click.echo(f"stopped after reading {found.scanned:,} entries (--scan) with {len(calls)} matching")
+        say(f"stopped after reading {found.scanned:,} entries (--scan) with {len(calls)} matching")
     if found.next_cursor is not None:
-        click.echo(f"next page: --cursor {found.next_cursor}")
+        say(f"next page: --cursor {found.next_cursor}")
 
 
 @redisdelay.command()
@@ -329,16 +334,15 @@ def requeue(ctx: click.Context, task_id: str | None, all_dead: bool, as_json: bo
 
 
 @redisdelay.command()
-@click.option("--state", type=click.Choice(["dead"]), required=True, help="What to purge: the dead letters.")
-@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@FORCE_OPTION
 @JSON_OPTION
 @click.pass_context
-def purge(ctx: click.Context, state: str, yes: bool, as_json: bool) -> None:
-    """Delete dead-lettered calls for good, with their payloads and metadata (calls dead-lettered while
-    this runs are kept)."""
+def purge(ctx: click.Context, force: bool, as_json: bool) -> None:
+    """Delete the dead-lettered calls for good, with their payloads and metadata (calls dead-lettered
+    while this runs are kept)."""
     rd = extension(ctx)
     now = admin.server_ms(rd)
-    if not yes:
+    if not force:
         count = admin.dead_count(rd, before_ms=now)
         if count == 0:
             emit({"purged": 0} if as_json else "no dead-lettered calls", as_json)

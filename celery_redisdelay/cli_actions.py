@@ -20,7 +20,7 @@ from .schedule import resolve_due
 
 
 def selection(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The options shared by the commands: one TASK_ID, or --all with a filter; --yes; --json."""
+    """The options shared by the commands: one TASK_ID, or --all with a filter; -f/--force; --json."""
     for option in reversed(
         [
             click.argument("task_id", required=False),
@@ -28,7 +28,9 @@ def selection(command: Callable[..., Any]) -> Callable[..., Any]:
             click.option("--task", help="With --all: only calls of this task (name as registered)."),
             click.option("--queue", help="With --all: only calls routed to this queue."),
             click.option("--search", help="With --all: only calls whose args or kwargs contain this text."),
-            click.option("--yes", is_flag=True, help="With --all: do not ask for confirmation."),
+            click.option(
+                "-f", "--force", "--yes", "force", is_flag=True, help="With --all: do not ask for confirmation."
+            ),
             JSON_OPTION,
         ]
     ):
@@ -42,7 +44,7 @@ class Selection:
 
     task_id: str | None
     matching: Filter
-    yes: bool
+    force: bool
     as_json: bool
 
     @classmethod
@@ -53,10 +55,10 @@ class Selection:
         if task_id is not None and narrowed:
             raise click.UsageError("--task, --queue and --search go with --all")
         found = Filter(options["task"] or None, options["queue"] or None, options["search"] or None)
-        return cls(task_id, found, options["yes"], options["as_json"])
+        return cls(task_id, found, options["force"], options["as_json"])
 
     def confirm(self, rd: RedisDelay, what: str) -> None:
-        if self.yes:
+        if self.force:
             return
         parked = "" if self.matching.active else f" ({rd.stats()['delayed']:,} parked calls)"
         click.confirm(f"{what} every parked call matching {self.matching.describe()}{parked}?", abort=True, err=True)

@@ -13,6 +13,8 @@ import click
 from .extension import RedisDelay
 
 JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+#: As Celery's ``purge -f``: act without asking (``--yes`` is the same).
+FORCE_OPTION = click.option("-f", "--force", "--yes", "force", is_flag=True, help="Do not ask for confirmation.")
 
 
 def extension(ctx: click.Context) -> RedisDelay:
@@ -22,20 +24,30 @@ def extension(ctx: click.Context) -> RedisDelay:
     return RedisDelay.of(app)
 
 
+def say(message: Any = "") -> None:
+    """Print a line of a command's output, unless Celery's global ``--quiet`` asked for none (as Celery's
+    own commands do: ``celery -A proj -q redisdelay purge -f`` purges and prints nothing). Errors go to
+    stderr through click whatever ``--quiet`` says."""
+    context = click.get_current_context(silent=True)
+    celery = context.find_root().obj if context is not None else None
+    if not getattr(celery, "quiet", False):
+        click.echo(message)
+
+
 def emit(data: Any, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
+        say(json.dumps(data, indent=2, default=str))
     elif isinstance(data, dict):
         pairs([(str(key), str(value)) for key, value in data.items()])
     else:
-        click.echo(data)
+        say(data)
 
 
 def pairs(rows: Sequence[tuple[str, str]]) -> None:
     """Print labels and values, the values aligned."""
     width = max((len(label) for label, _ in rows), default=0)
     for label, value in rows:
-        click.echo(f"{label:<{width}}  {value}".rstrip())
+        say(f"{label:<{width}}  {value}".rstrip())
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> None:
@@ -46,7 +58,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence
             cell.rjust(width) if column in right else cell.ljust(width)
             for column, (cell, width) in enumerate(zip(row, widths, strict=True))
         ]
-        click.echo("  ".join(cells).rstrip())
+        say("  ".join(cells).rstrip())
 
 
 def on_stop_signals(stop: Callable[[], None]) -> None:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Any
 
+import click
 import redis
-from celery import Celery
+from celery import Celery, signals
 
 from celery_redisdelay import RedisDelay
 
@@ -32,6 +34,14 @@ app.conf.update(
 )
 rd = RedisDelay(app)
 _marks = redis.Redis.from_url(f"{URL}/2")
+# A preload option of the app's own, as ``celery -A tests.proj --proj-tenant X <command>`` passes it.
+app.user_options["preload"].add(click.Option(["--proj-tenant"], default=None, help="A tenant, for the tests."))
+
+
+@signals.user_preload_options.connect
+def _tenant(sender: Any = None, app: Any = None, options: Any = None, **_: Any) -> None:
+    if options and options.get("proj_tenant"):
+        print(f"tests.proj preload option: tenant {options['proj_tenant']}", file=sys.stderr)
 
 
 def server_ms() -> int:

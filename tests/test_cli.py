@@ -391,19 +391,19 @@ def test_purge_dead_removes_everything_stored_for_them_and_nothing_else(rd: Redi
     rd.client.hset(rd.keys.index, group_id(echo.name, "order:43"), kept[0])
     dead.append(keyed)
 
-    refused = invoke(rd, "purge", "--state", "dead", input="n\n")
+    refused = invoke(rd, "purge", input="n\n")
     assert refused.exit_code == 1 and "delete 1,201 dead-lettered calls for good?" in refused.output
     assert admin.dead_count(rd) == 1201
 
-    assert ok(rd, "purge", "--state", "dead", input="y\n").stdout.strip().endswith("purged 1,201 dead-lettered calls")
+    assert ok(rd, "purge", input="y\n").stdout.strip().endswith("purged 1,201 dead-lettered calls")
 
     assert rd.client.zcard(rd.keys.dead) == 0
     assert held(rd, "payloads") == held(rd, "meta") == set(kept)
     assert {member.decode() for member in rd.client.zrange(rd.keys.delayed, 0, -1)} == set(kept)
     assert rd.client.hgetall(rd.keys.index) == {group_id(echo.name, "order:43").encode(): kept[0].encode()}
-    assert as_json(rd, "purge", "--state", "dead", "--yes") == {"purged": 0}
-    assert ok(rd, "purge", "--state", "dead").stdout.strip() == "no dead-lettered calls"
-    assert invoke(rd, "purge", "--yes").exit_code == 2, "--state dead is required"
+    assert as_json(rd, "purge", "-f") == {"purged": 0}
+    assert as_json(rd, "purge", "--force") == as_json(rd, "purge", "--yes") == {"purged": 0}
+    assert ok(rd, "purge").stdout.strip() == "no dead-lettered calls"
 
 
 def test_purge_keeps_calls_dead_lettered_after_the_count(make_rd: Callable[..., RedisDelay]) -> None:
@@ -425,16 +425,17 @@ def test_purge_keeps_calls_dead_lettered_after_the_count(make_rd: Callable[..., 
 def test_an_unreachable_redis_is_a_clear_error(make_app: MakeApp) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     _, rd = make_app(redisdelay_url=url, broker_url=url)
-    for args in (("status",), ("list", "--state", "dead"), ("show", "some-id"), ("purge", "--state", "dead", "--yes")):
+    for args in (("status",), ("list", "--state", "dead"), ("show", "some-id"), ("purge", "--force")):
         result = invoke(rd, *args)
         assert result.exit_code == 1, result.output
         assert "Redis is unreachable" in result.output and "Traceback" not in result.output
         assert isinstance(result.exception, SystemExit)
 
 
-def run_celery(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def run_celery(url: str, *args: str, before: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.proj [before...] redisdelay args...`` in a process of its own."""
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.proj", "redisdelay", *args],
+        [sys.executable, "-m", "celery", "-A", "tests.proj", *before, "redisdelay", *args],
         env={**os.environ, "REDISDELAY_TEST_URL": url, "PYTHONPATH": str(ROOT)},
         cwd=ROOT,
         capture_output=True,
@@ -458,6 +459,24 @@ def test_status_through_the_celery_command(redis_server: RedisServer) -> None:
     assert "Traceback" not in down.stderr
 
 
+def test_celerys_global_options_quiet_and_the_apps_preload_options(redis_server: RedisServer) -> None:
+    quiet = run_celery(redis_server.url, "purge", "--force", before=("--quiet",))
+    assert quiet.returncode == 0, quiet.stderr
+    assert quiet.stdout == "", "--quiet prints nothing, as Celery's own commands"
+    loud = run_celery(redis_server.url, "purge", "--force", before=("--no-color",))
+    assert loud.returncode == 0 and loud.stdout.strip().startswith("purged"), loud.stderr
+    # Celery adds the app's preload options to every sub-command, this group among them.
+    tenant = run_celery(redis_server.url, "--proj-tenant", "acme", "status", "--json")
+    assert tenant.returncode == 0, tenant.stderr
+    assert "tests.proj preload option: tenant acme" in tenant.stderr, "the app's preload option reached its receiver"
+    assert json.loads(tenant.stdout)["shards"] == 1
+
+
+def test_quiet_in_process(rd: RedisDelay) -> None:
+    result = CliRunner().invoke(redisdelay, ["status"], obj=SimpleNamespace(app=rd.app, quiet=True))
+    assert result.exit_code == 0 and result.output == ""
+
+
 # -- a Redis Cluster ------------------------------------------------------------------------------
 
 
@@ -479,7 +498,7 @@ def test_the_commands_work_on_a_redis_cluster(
     bury_all(rd, ids[:1200])
     assert as_json(rd, "requeue", "--all-dead")["requeued"] == 1200
     bury_all(rd, ids[:1100])
-    assert as_json(rd, "purge", "--state", "dead", "--yes") == {"purged": 1100}
+    assert as_json(rd, "purge", "--force") == {"purged": 1100}
     assert held(rd, "payloads") == set(ids[1100:]) | {overdue}
 
 
