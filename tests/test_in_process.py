@@ -1,0 +1,55 @@
+"""A delayed task tested in-process, as a Celery user tests tasks: the ``celery_config`` and ``celery_app``
+fixtures (celery.contrib.pytest, which the pytest-celery plugin provides; its own fixtures start
+Docker containers, so they are not used here) and Celery's in-process worker (a thread).
+
+The tick is called by the test instead of beat: a call parks, the tick releases it, the worker runs it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+
+from celery_redisdelay import RedisDelay
+
+
+@pytest.fixture(scope="session")
+def celery_config(redis_server: Any) -> dict[str, Any]:
+    """The configuration of ``celery_app``: the session's redis-server as broker, store and results."""
+    return {
+        "broker_url": f"{redis_server.url}/11",
+        "result_backend": f"{redis_server.url}/12",
+        "redisdelay_key_prefix": f"in-process-{uuid.uuid4().hex[:8]}",
+    }
+
+
+@pytest.fixture
+def delayed_app(celery_app: Any) -> Iterator[tuple[Any, RedisDelay, Any]]:
+    rd = RedisDelay(celery_app)
+
+    @rd.delayed(name="tests.in_process.add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        yield celery_app, rd, add
+
+
+def test_a_delayed_task_runs_on_the_in_process_worker(delayed_app: tuple[Any, RedisDelay, Any]) -> None:
+    _, rd, add = delayed_app
+    result = add.apply_async((2, 3), countdown=0)
+    assert rd.find(result.id).state == "delayed"  # type: ignore[union-attr]
+    assert rd.tick()["released"] == 1
+    assert result.get(timeout=30) == 5
+    assert rd.find(result.id) is None, "acknowledged by the worker thread"
+
+
+def test_a_call_waits_until_it_is_due(delayed_app: tuple[Any, RedisDelay, Any]) -> None:
+    _, rd, add = delayed_app
+    later = add.apply_async((1, 1), countdown=3600)
+    assert rd.tick()["released"] == 0
+    assert later.state == "PENDING" and rd.find(later.id).state == "delayed"  # type: ignore[union-attr]
