@@ -36,8 +36,19 @@ KEPT_OPTIONS = frozenset(
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def template_key(task: Any, options: dict[str, Any], limits: Limits) -> tuple[Any, ...] | None:
-    """The key under which a single call's template is kept, or None when Celery must build this call:
+class TemplateKey(NamedTuple):
+    """What calls sharing a template have in common."""
+
+    task: str
+    via: str
+    options: tuple[tuple[str, Any], ...]
+    limits: tuple[tuple[str, Any], ...]
+
+
+def template_key(task: Any, via: str, options: dict[str, Any], limits: Limits) -> TemplateKey | None:
+    """The key under which a single call's template is kept, or None when Celery must build this call.
+    ``via`` names the call that builds the message (``apply_async`` and ``send_task`` build different
+    ones) and ``options`` holds every option of the call, ``shadow`` and ``link`` among them. None
     when someone listens to the publish signals or task-sent events (they get Celery's own arguments),
     in a task (the parent ids and inherited priority change per call), with a router that may look at
     the arguments, a result backend whose ``on_task_call`` is needed at the call, a task with a shadow
@@ -63,7 +74,7 @@ def template_key(task: Any, options: dict[str, Any], limits: Limits) -> tuple[An
         elif not isinstance(value, _SCALARS):
             return None
         fixed.append((name, value))
-    return (task.name, tuple(sorted(fixed)), tuple(sorted(limits.items())))
+    return TemplateKey(task.name, via, tuple(sorted(fixed)), tuple(sorted(limits.items())))
 
 
 @functools.lru_cache(maxsize=64)
@@ -97,15 +108,15 @@ class TemplateCache:
     LIMIT = 256
 
     def __init__(self) -> None:
-        self._made: dict[tuple[Any, ...], Kept] = {}
-        self._seen: set[tuple[Any, ...]] = set()
-        self._refused: set[tuple[Any, ...]] = set()
+        self._made: dict[TemplateKey, Kept] = {}
+        self._seen: set[TemplateKey] = set()
+        self._refused: set[TemplateKey] = set()
 
-    def get(self, key: tuple[Any, ...] | None) -> Kept | None:
+    def get(self, key: TemplateKey | None) -> Kept | None:
         """The template of ``key`` and the metadata its calls are stored with, if made."""
         return None if key is None else self._made.get(key)
 
-    def wanted(self, key: tuple[Any, ...] | None) -> bool:
+    def wanted(self, key: TemplateKey | None) -> bool:
         """Whether the call being built should leave a template for ``key`` (seen before, not refused)."""
         if key is None or key in self._refused or key in self._made:
             return False
@@ -116,7 +127,7 @@ class TemplateCache:
         self._seen.add(key)
         return False
 
-    def keep(self, key: tuple[Any, ...], template: CallTemplate | None, meta: Limits | CallMeta) -> None:
+    def keep(self, key: TemplateKey, template: CallTemplate | None, meta: Limits | CallMeta) -> None:
         """Keep the template made for ``key`` (None: it could not be made), with its calls' metadata."""
         if template is None:
             if len(self._refused) < self.LIMIT:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from kombu import serialization
 
 from .envelope import Envelope
-from .kept import Kept
+from .kept import Kept, TemplateKey
 from .meta import CallMeta, Limits, meta_json, routed
 from .producer import ParkingProducer
 from .schedule import Due
@@ -32,7 +32,7 @@ def parking_producer(
     mode: str = "",
     key: str = "",
     capture: list[tuple[Envelope, Due, Limits]] | None = None,
-    learn: tuple[Any, ...] | None = None,
+    learn: TemplateKey | None = None,
 ) -> Iterator[ParkingProducer]:
     """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
 
@@ -53,7 +53,7 @@ def parking_producer(
             task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
         )
         if learn is not None:
-            given = dict(learn[1])
+            given = dict(learn.options)
             serializer = serialization.registry.type_to_name.get(envelope.content_type)
             fixed = ("argsrepr" in given, "kwargsrepr" in given)
             template = CallTemplate.of(rd.app, envelope, encoded, fast, serializer, fixed_reprs=fixed)

@@ -142,7 +142,11 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             self._call_options(args, kwargs, options)  # checked as when parking, then dropped
             # Eager mode runs the call at once, as Celery does for any task.
             return super().apply_async(args, kwargs, task_id, producer, link, link_error, shadow, **options)
-        return self.park(args, kwargs, task_id, options, build, bool(options.get("ignore_result", self.ignore_result)))
+        # The options apply_async takes by name count for its template as much as the others.
+        named = {"link": link, "link_error": link_error, "shadow": shadow}
+        named = {name: value for name, value in named.items() if value is not None}
+        ignore_result = bool(options.get("ignore_result", self.ignore_result))
+        return self.park(args, kwargs, task_id, options, build, ignore_result, ("apply_async", named))
 
     def park(
         self,
@@ -151,11 +155,14 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         task_id: str | None,
         options: dict[str, Any],
         build: Callable[[str, Any, dict[str, Any]], None],
-        ignore_result: bool = False,
+        ignore_result: bool,
+        built_by: tuple[str, dict[str, Any]],
     ) -> AsyncResult:
         """Park a call: ``build(call_id, producer, options)`` makes Celery build and publish its message
         through the parking producer (``apply_async`` and ``app.send_task`` each pass their own). The
-        result is marked ``ignored`` as Celery marks it (``get()`` then returns None at once)."""
+        result is marked ``ignored`` as Celery marks it (``get()`` then returns None at once).
+        ``built_by`` names the call behind ``build`` and the options it takes by name besides
+        ``options``: calls alike in all of it share a template."""
         capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
         limits, mode, key, lock_name = self._call_options(args, kwargs, options)
         app = self._get_app()
@@ -171,7 +178,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
 
         rd = self.redisdelay
         # Calls like one Celery built before are rendered from its template (templates.py).
-        kept_key = template_key(self, options, limits) if capture is None else None
+        via, named = built_by
+        kept_key = template_key(self, via, {**options, **named}, limits) if capture is None else None
 
         def send(call_id: str) -> tuple[int, str]:
             kept = rd.templates.get(kept_key)
@@ -239,7 +247,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         def build(call_id: str, parking: Any, rest: dict[str, Any]) -> None:
             send_task(self.name, args, kwargs, task_id=call_id, producer=parking, **rest)
 
-        parked = self.park(args, kwargs, task_id, options, build, bool(options.get("ignore_result")))
+        ignore_result = bool(options.get("ignore_result"))
+        parked = self.park(args, kwargs, task_id, options, build, ignore_result, ("send_task", {}))
         if result_cls is not None:
             parked, ignored = result_cls(parked.id), parked.ignored
             parked.ignored = ignored

@@ -133,6 +133,37 @@ def test_a_call_rendered_from_a_template_is_stored_as_celery_builds_it(
         assert rd.find(rendered.id).meta == rd.find(built.id).meta  # type: ignore[union-attr]
 
 
+def test_a_kept_template_serves_only_calls_built_alike(rd: RedisDelay) -> None:
+    """The options ``apply_async`` takes by name (link, link_error, shadow) count as the others do, and
+    a call by name (``send_task``, whose message differs) does not borrow ``apply_async``'s template."""
+
+    @rd.delayed(name="tests.templates.alike")
+    def alike(x: int) -> None: ...
+
+    calls: dict[str, Callable[[str], Any]] = {
+        "link": lambda call_id: alike.apply_async((1,), countdown=60, task_id=call_id, link=alike.si(2)),
+        "link_error": lambda call_id: alike.apply_async((1,), countdown=60, task_id=call_id, link_error=alike.si(3)),
+        "shadow": lambda call_id: alike.apply_async((1,), countdown=60, task_id=call_id, shadow="alike.shadowed"),
+        "send_task": lambda call_id: rd.app.send_task("tests.templates.alike", (1,), countdown=60, task_id=call_id),
+    }
+
+    def stored(call_id: str) -> bytes:
+        entry = rd.find(call_id)
+        assert entry is not None and entry.envelope is not None
+        return entry.envelope.replace(call_id.encode(), b"<id>")
+
+    for n in range(2):
+        alike.apply_async((n,), countdown=60)
+    kept = rd.templates
+    assert len(kept._made) == 1, "plain calls have a template"
+    for name, call in calls.items():
+        rd.templates = kept
+        after_plain = call(f"k-{uuid.uuid4()}").id
+        rd.templates = TemplateCache()  # an empty one: this call goes through Celery
+        built = call(f"b-{uuid.uuid4()}").id
+        assert stored(after_plain) == stored(built), name
+
+
 def test_publish_signal_receivers_get_every_call_from_celery(rd: RedisDelay) -> None:
     @rd.delayed(name="tests.templates.signalled")
     def signalled(x: int) -> None: ...
