@@ -1,0 +1,135 @@
+"""How long each fault kept the calls it affected from running, and which setting bounds that.
+
+A fault at wall time ``W`` affects:
+
+* the runs it cut short: on the killed worker (a worker kill), or, for a fault of Redis or of the
+  connections, every run then going that ended without recording its message for a reason other
+  than the deliberate failure (cut short, a Redis error);
+* the messages the killed worker had received and not started (its prefetch);
+* the calls due while the fault lasted (the process or Redis down), when the producer chose the due
+  time (the soak).
+
+For each, the time from the fault (or from its due time, if later) to the next start of the call on a
+worker; the report gives the count, the median and the longest, and what bounds the longest.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+from typing import Any
+
+from .analysis import Run, WorkerLogs, long_gaps
+from .config import BROKER_VISIBILITY_TIMEOUT, RESTORE_INTERVAL, TICK_INTERVAL
+from .faults import BEAT_KILL, BROKER_KILL, BROKER_RESTART, CLIENT_KILL, RELEASER_KILL, WORKER_KILL, Fault
+
+
+def bounds(kind: str, visibility_timeout: float, queue_timeout: float) -> str:
+    """Which setting bounds the recovery of a fault of ``kind``."""
+    run = (
+        f"a run cut short is delivered again once its visibility timeout has passed (redisdelay_visibility_timeout "
+        f"or the call's, {visibility_timeout:g}s here) and a sweep has run (every tick, {TICK_INTERVAL:g}s)"
+    )
+    prefetched = (
+        f"a message the worker had prefetched comes back when kombu restores it, after the broker's visibility_timeout "
+        f"({BROKER_VISIBILITY_TIMEOUT}s here, scanned every {RESTORE_INTERVAL}s), or at the latest when the sweep "
+        f"takes it for lost after redisdelay_queue_timeout ({queue_timeout:g}s here)"
+    )
+    if kind == WORKER_KILL:
+        return f"{run}; {prefetched}"
+    if kind in (BEAT_KILL, RELEASER_KILL):
+        return (
+            "the other releaser (beat's tick, or the precise releaser) goes on releasing; nothing waits for the restart"
+        )
+    if kind in (BROKER_KILL, BROKER_RESTART):
+        return (
+            f"the broker's restart and the workers' reconnection; a message the broker lost comes back after "
+            f"redisdelay_queue_timeout ({queue_timeout:g}s here); {run}"
+        )
+    if kind == CLIENT_KILL:
+        return f"the clients' reconnection; {run}"
+    return f"Redis answering again (its restart from the append-only file, or the failover), the reconnections; {run}"
+
+
+def target_pid(fault: Fault) -> int | None:
+    _, _, pid = fault.target.rpartition(" pid ")
+    return int(pid) if pid.isdigit() else None
+
+
+def per_fault(
+    faults: list[Fault],
+    runs: dict[str, list[Run]],
+    logs: WorkerLogs,
+    ready: dict[str, float],
+    due: dict[str, float],
+    *,
+    visibility_timeout: float,
+    queue_timeout: float,
+) -> list[dict[str, Any]]:
+    """One row per injected fault: calls affected, and how long until they ran. ``ready``: when each call
+    parked by the runner could first run (its due time, else its park); ``due``: due times the producer chose."""
+    starts = {call_id: sorted(run.started for run in calls) for call_id, calls in runs.items()}
+    injected = [fault for fault in faults if fault.injected and fault.wall is not None]
+    swept = swept_after(injected, runs, ready, queue_timeout)
+    rows = []
+    for fault in injected:
+        assert fault.wall is not None
+        wall, until = fault.wall, fault.wall + (fault.recovery_seconds or 0.0)
+        affected: dict[str, tuple[float, float]] = {}  # call id -> (waiting since, next start after)
+        killed = target_pid(fault) if fault.kind == WORKER_KILL else None
+        for call_id, calls in runs.items():
+            for run in calls:
+                if fault.kind == WORKER_KILL:
+                    hit = run.worker_pid == killed and run.started <= wall and run.state is None
+                else:  # a fault of Redis or of the connections: runs it broke, then or while it lasted
+                    hit = run.recorded is None and run.started <= until and (run.ended or wall) >= wall
+                if hit and fault.kind not in (BEAT_KILL, RELEASER_KILL):
+                    affected[call_id] = (wall, max(wall, run.started))
+        if killed is not None:
+            for call_id, seen in logs.receipts.items():
+                for moment, pid in seen:
+                    started_here = any(
+                        run.worker_pid == killed and run.started >= moment - 0.05 for run in runs.get(call_id, [])
+                    )
+                    if pid == killed and moment <= wall and not started_here:
+                        affected.setdefault(call_id, (wall, wall))  # prefetched, not started
+        if fault.kind not in (WORKER_KILL, CLIENT_KILL):  # releasing or delivering stopped for a while
+            for call_id, moment in due.items():
+                if wall <= moment <= until:
+                    affected.setdefault(call_id, (moment, moment))
+        for call_id in swept.get(id(fault), []):
+            affected.setdefault(call_id, (wall, wall))
+        waits, never = [], 0
+        for call_id, (waiting, after) in affected.items():
+            following = next((moment for moment in starts.get(call_id, []) if moment > after), None)
+            if following is None:
+                never += 1
+            else:
+                waits.append(following - waiting)
+        rows.append(
+            {
+                "kind": fault.kind,
+                "at": fault.elapsed,
+                "process_recovery_s": fault.recovery_seconds,
+                "affected": len(affected),
+                "ran_again": len(waits),
+                "not_run_again": never,
+                "median_s": round(median(waits), 2) if waits else None,
+                "longest_s": round(max(waits), 2) if waits else None,
+                "bounded_by": bounds(fault.kind, visibility_timeout, queue_timeout),
+            }
+        )
+    return rows
+
+
+def swept_after(
+    faults: list[Fault], runs: dict[str, list[Run]], since: dict[str, float], queue_timeout: float
+) -> dict[int, list[str]]:
+    """Calls the sweep brought back after the queue timeout (:func:`chaos.analysis.long_gaps`), each given to
+    the last fault of a worker, of Redis or of the connections while it waited: ``id(fault)`` -> call ids."""
+    found: dict[int, list[str]] = {}
+    candidates = [fault for fault in faults if fault.kind not in (BEAT_KILL, RELEASER_KILL)]
+    for call_id, run, began in long_gaps(runs, since, queue_timeout):
+        before = [fault for fault in candidates if began <= (fault.wall or 0) <= run.started]
+        if before:
+            found.setdefault(id(before[-1]), []).append(call_id)
+    return found
