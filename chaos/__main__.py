@@ -123,6 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     soak.add_argument("--soak", type=float, default=None, metavar="MINUTES", help="park for this long, then drain")
     soak.add_argument("--rate", type=float, default=20.0, help="calls parked a second in all (20)")
     soak.add_argument("--max-countdown", type=float, default=60.0, help="the longest countdown of a call (60 s)")
+    soak.add_argument("--fail-every", type=int, default=2, help="fail every n-th delivery on purpose (2; 0: never)")
     parser.add_argument("--seed", type=int, default=None, help="seed of the fault plan (default: a random one)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"where to write the report ({DEFAULT_JSON})")
     parser.add_argument("--timeout", type=float, default=1.0, help="the consumer's visibility timeout in s (1.0)")
@@ -148,6 +149,8 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         parser.error("--count must be at least 1")
     if args.soak is not None and (args.soak <= 0 or args.rate <= 0 or args.max_countdown < 0):
         parser.error("--soak and --rate must be positive, --max-countdown not negative")
+    if args.fail_every == 1 or args.fail_every < 0:
+        parser.error("--fail-every must be 0 (never) or at least 2")
     for name, default in VALIDATION_FAULTS.items():
         given = getattr(args, name)
         if given is not None and given < 0:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
@@ -33,7 +33,8 @@ from typing import Any
 from celery_redisdelay.validation import CONSUMER_TASK
 
 from .cluster import Member
-from .faults import CLIENT_KILL, REDIS_FAULTS, REDIS_KILL, Fault
+from .config import CLAIM_TIMEOUT
+from .faults import CLIENT_KILL, REDIS_FAULTS, REDIS_KILL, REDIS_RESTART, Fault
 
 STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): "  # a Celery log line's timestamp
 #: The package could not acknowledge the call (Redis unreachable): the sweep delivers it again.
@@ -45,6 +46,9 @@ BROKER_ACK_LOST = re.compile(STAMP + r"CRITICAL/MainProcess\] Couldn't ack '([^'
 RESTORING = re.compile(STAMP + r"INFO/MainProcess\] Restoring (\d+) unacknowledged", re.M)
 RECEIVED = re.compile(STAMP + r"INFO/MainProcess\] Task " + re.escape(CONSUMER_TASK) + r"\[([^\]]+)\] received", re.M)
 CONNECTION_FAULTS = (CLIENT_KILL, *REDIS_FAULTS)
+#: A releaser (or a tick) pushed calls to the broker but could not mark them published in the store.
+CONFIRM_FAILED = "could not confirm published calls"
+STORE_FAULTS = (CLIENT_KILL, REDIS_RESTART, REDIS_KILL)
 
 
 @dataclass
@@ -120,16 +124,19 @@ class WorkerLogs:
     broker_ack_lost: dict[str, tuple[float, str]]  # call id -> (when, worker name), the first time
     restores: dict[int, list[float]]  # worker pid -> when it restored unacknowledged messages
     receipts: dict[str, list[tuple[float, int]]]  # call id -> (when, worker pid) of each receipt
+    confirm_failed: set[str] = field(default_factory=set)  # processes that logged CONFIRM_FAILED
 
     @classmethod
     def read(cls, members: Iterable[Member]) -> WorkerLogs:
         logs = cls({}, {}, {}, defaultdict(list))
         for member in members:
-            if member.role != "worker":
-                continue
             try:
                 text = member.output()
             except OSError:
+                continue
+            if CONFIRM_FAILED in text:  # the releaser's log lines carry no time
+                logs.confirm_failed.add(member.name)
+            if member.role != "worker":
                 continue
             for match in ACK_FAILED.finditer(text):
                 logs.ack_failed.setdefault(match.group(2), (log_time(match.group(1)), member.name))
@@ -156,6 +163,7 @@ class Explainer:
         park_retried: set[str],
         loss_window: float | None = None,
         numbers_retried: set[int] | None = None,
+        queue_timeout: float = 0.0,
     ) -> None:
         self.runs = runs
         self.by_number: dict[int, str] = {}
@@ -171,11 +179,13 @@ class Explainer:
         self.park_retried = park_retried
         self.loss_window = loss_window  # a SIGKILL of the store may lose writes acknowledged this long before it
         self.numbers_retried = numbers_retried or set()  # messages the runner parked (or added) again
+        self.queue_timeout = queue_timeout
         logs = WorkerLogs.read(members)
         self.ack_failed = logs.ack_failed
         self.broker_ack_lost = logs.broker_ack_lost
         self.restores = logs.restores
         self.receipts = logs.receipts
+        self.confirm_failed = logs.confirm_failed
 
     def at(self, wall: float) -> str:
         return f"+{wall - self.started_wall:.2f}s"
@@ -288,6 +298,9 @@ class Explainer:
         killed = self.lost_in_kill(run)
         if killed:
             return killed, True
+        republished = self.published_twice(later)
+        if republished:
+            return republished, True
         if run.id in self.park_retried:
             return "the runner retried its park after a lost reply (the first park had already stored it)", True
         near = self.nearest_fault(later.started)
@@ -305,6 +318,24 @@ class Explainer:
                     f"its acknowledgement was among the writes such a kill may lose (the last {self.loss_window:g}s)"
                 )
         return None
+
+    def published_twice(self, later: Run) -> str | None:
+        """A second copy in the broker: a release pushed the call, the store went away before the release
+        could mark it published, and after the claim timeout the sweep took the claim for abandoned and
+        published the call again (the two-step release, with the broker on another Redis)."""
+        if not self.confirm_failed:
+            return None
+        window = CLAIM_TIMEOUT + self.queue_timeout
+        faults = [f for f in self.faults if f.kind in STORE_FAULTS and 0 <= later.started - (f.wall or 0) <= window]
+        if not faults:
+            return None
+        fault = faults[-1]
+        return (
+            f"probably published twice: {', '.join(sorted(self.confirm_failed))} logged '{CONFIRM_FAILED}' (a "
+            f"release pushed calls to the broker and the store went away before it could mark them published; "
+            f"nearest store fault: {fault.kind} at {self.at(fault.wall or 0)}), so the sweep published them again "
+            f"after the {CLAIM_TIMEOUT:g}s claim timeout and both copies ran"
+        )
 
     def duplicate(self, number: int) -> dict[str, Any]:
         call_id = self.by_number.get(number)
@@ -365,26 +396,3 @@ def run_counts(runs: dict[str, list[Run]]) -> dict[str, int]:
         for run in calls:
             counts[run.state or "cut short"] += 1
     return dict(counts)
-
-
-def long_gaps(
-    runs: dict[str, list[Run]], since: dict[str, float], queue_timeout: float
-) -> Iterator[tuple[str, Run, float]]:
-    """Deliveries that came about the queue timeout after the call's previous run (or after it was due, or
-    parked: ``since``; calls not in it are judged from their second run on): the sweep bringing back a
-    message lost between the broker and a worker (popped by a worker that was killed before kombu noted
-    it, or whose reply was lost with a dropped connection). (call id, the late run, when the wait began.)"""
-    for call_id, calls in runs.items():
-        previous = since.get(call_id)
-        for run in calls:
-            if previous is not None and run.started - previous >= 0.9 * queue_timeout:
-                yield call_id, run, previous
-            previous = run.ended or run.started
-
-
-def recoveries(runs: dict[str, list[Run]], since: dict[str, float], queue_timeout: float) -> dict[str, Any]:
-    """The deliveries of :func:`long_gaps`; they make the run's tail."""
-    swept = sorted(
-        (run.number, round(run.started - began, 1)) for _, run, began in long_gaps(runs, since, queue_timeout)
-    )
-    return {"after_queue_timeout": len(swept), "examples": swept[:20]}

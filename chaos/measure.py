@@ -23,6 +23,7 @@ from typing import Any
 import redis
 
 SAMPLE_SECONDS = 5.0
+SERIES_SECONDS = 30.0  # the samples kept in the report
 TICK_TASK = "redisdelay.tick"
 #: The fields of INFO memory kept in the report: what the dataset is, and what Redis holds besides it.
 MEMORY_FIELDS = (
@@ -92,20 +93,24 @@ class Series:
         return next((sample for sample in self.samples if sample[0] >= moment), None)
 
     def summary(self, warm_seconds: float) -> dict[str, Any]:
-        """First sample, the first after the process has run ``warm_seconds``, the last, the peak, and the
-        floor (lowest sample) of the first and of the last third of the time after warm-up.
+        """First sample, the first after ``warm_seconds``, the last, the peak, the floor (lowest sample) of the
+        middle and of the last third of the process's life, the slope over the last two thirds (KiB a minute,
+        least squares), and the samples every :data:`SERIES_SECONDS`.
 
-        The floors tell a leak from garbage: a Python process's RSS saws up and down as reference cycles
-        (exception tracebacks) pile up and the full garbage collection frees them; what a leak holds
-        raises the floor.
+        The floors tell a leak from garbage: a Python process's RSS climbs while reference cycles (exception
+        tracebacks) pile up between full garbage collections, to the high-water mark of that garbage, and
+        stays there (freed memory is reused, not returned); what a leak holds keeps raising the floor.
         """
-        first = self.samples[0]
-        warm = self.at_or_after(first[0] + warm_seconds) or self.samples[-1]
-        last = self.samples[-1]
-        after = [sample for sample in self.samples if sample[0] >= warm[0]]
-        third = (last[0] - warm[0]) / 3
-        early = [kib for moment, kib in after if moment <= warm[0] + third] or [warm[1]]
-        late = [kib for moment, kib in after if moment >= last[0] - third] or [last[1]]
+        first, last = self.samples[0], self.samples[-1]
+        warm = self.at_or_after(first[0] + warm_seconds) or last
+        third = (last[0] - first[0]) / 3
+        middle = [kib for moment, kib in self.samples if first[0] + third <= moment <= last[0] - third] or [last[1]]
+        late = [kib for moment, kib in self.samples if moment >= last[0] - third] or [last[1]]
+        series, shown = [], -SERIES_SECONDS
+        for moment, kib in self.samples:
+            if moment - shown >= SERIES_SECONDS:
+                series.append((round(moment), kib))
+                shown = moment
         return {
             "name": self.name,
             "pid": self.pid,
@@ -115,11 +120,11 @@ class Series:
             "warm_kib": warm[1],
             "last_kib": last[1],
             "peak_kib": max(kib for _, kib in self.samples),
-            "floor_early_kib": min(early),
+            "floor_middle_kib": min(middle),
             "floor_late_kib": min(late),
-            "growth_kib": min(late) - min(early),
-            "slope_kib_per_min": round(_slope(after) * 60, 1),
-            "samples": len(self.samples),
+            "growth_kib": min(late) - min(middle),
+            "slope_kib_per_min": round(_slope([s for s in self.samples if s[0] >= first[0] + third]) * 60, 1),
+            "series": series,
         }
 
 
@@ -199,6 +204,7 @@ def inventory(client: redis.Redis) -> dict[str, Any]:
     ``unacked`` hash holds. The slow log is emptied first: it keeps copies of the arguments of the last slow
     commands (parks carry a whole message), which INFO counts in the dataset."""
     client.slowlog_reset()
+    histograms = len(client.info("latencystats"))  # Redis 7: one per command name used since the start
     memory = client.info("memory")
     keys: dict[str, dict[str, Any]] = {}
     for key in client.scan_iter(count=1000):
@@ -215,9 +221,28 @@ def inventory(client: redis.Redis) -> dict[str, Any]:
         "used_memory": int(memory["used_memory"]),
         "used_memory_dataset": int(memory.get("used_memory_dataset", 0)),
         "dbsize": int(client.dbsize()),
+        "latency_histograms": histograms,
         "memory": {name: value for name, value in memory.items() if name in MEMORY_FIELDS},
         "keys": keys,
     }
+
+
+def histogram_bytes(client: redis.Redis) -> int:
+    """What one command's latency histogram costs (Redis 7 makes one the first time a command name is used,
+    ``latency-tracking yes``, and INFO counts it in the dataset): the dataset before and after a first ECHO."""
+    if any(name.endswith("echo") for name in client.info("latencystats")):
+        return 0  # already used: cannot tell
+    before = int(client.info("memory")["used_memory_dataset"])
+    client.echo("calibrating")
+    return max(0, int(client.info("memory")["used_memory_dataset"]) - before)
+
+
+def dataset_change(start: dict[str, Any], end: dict[str, Any], per_histogram: int) -> dict[str, int]:
+    """The dataset's change, and how much of it is new latency histograms; the rest is what the keys hold.
+    (The script cache is counted in the overhead, not in the dataset.)"""
+    change = end["used_memory_dataset"] - start["used_memory_dataset"]
+    histograms = (end["latency_histograms"] - start["latency_histograms"]) * per_histogram
+    return {"change": change, "latency_histograms": histograms, "rest": change - histograms}
 
 
 def pattern(key: str) -> str:
@@ -249,6 +274,7 @@ def compare(start: dict[str, Any], end: dict[str, Any]) -> dict[str, Any]:
         "dbsize": [start["dbsize"], end["dbsize"]],
         "used_memory": [start["used_memory"], end["used_memory"]],
         "used_memory_dataset": [start["used_memory_dataset"], end["used_memory_dataset"]],
+        "dataset_change": dataset_change(start, end, int(start.get("histogram_bytes", 0))),
     }
 
 

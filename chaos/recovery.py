@@ -15,10 +15,11 @@ worker; the report gives the count, the median and the longest, and what bounds 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from statistics import median
 from typing import Any
 
-from .analysis import Run, WorkerLogs, long_gaps
+from .analysis import Run, WorkerLogs
 from .config import BROKER_VISIBILITY_TIMEOUT, RESTORE_INTERVAL, TICK_INTERVAL
 from .faults import BEAT_KILL, BROKER_KILL, BROKER_RESTART, CLIENT_KILL, RELEASER_KILL, WORKER_KILL, Fault
 
@@ -133,3 +134,26 @@ def swept_after(
         if before:
             found.setdefault(id(before[-1]), []).append(call_id)
     return found
+
+
+def long_gaps(
+    runs: dict[str, list[Run]], since: dict[str, float], queue_timeout: float
+) -> Iterator[tuple[str, Run, float]]:
+    """Deliveries that came about the queue timeout after the call's previous run (or after it was due, or
+    parked: ``since``; calls not in it are judged from their second run on): the sweep bringing back a
+    message lost between the broker and a worker (popped by a worker that was killed before kombu noted
+    it, or whose reply was lost with a dropped connection). (call id, the late run, when the wait began.)"""
+    for call_id, calls in runs.items():
+        previous = since.get(call_id)
+        for run in calls:
+            if previous is not None and run.started - previous >= 0.9 * queue_timeout:
+                yield call_id, run, previous
+            previous = run.ended or run.started
+
+
+def recoveries(runs: dict[str, list[Run]], since: dict[str, float], queue_timeout: float) -> dict[str, Any]:
+    """The deliveries of :func:`long_gaps`; they make the run's tail."""
+    swept = sorted(
+        (run.number, round(run.started - began, 1)) for _, run, began in long_gaps(runs, since, queue_timeout)
+    )
+    return {"after_queue_timeout": len(swept), "examples": swept[:20]}

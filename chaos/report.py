@@ -105,6 +105,13 @@ def _losses(data: dict[str, Any]) -> list[str]:
             f"{kill['detail']}"
         )
     lines.append("  (exposed: parks acknowledged in the 2 s before the kill, the ones Redis's bound allows it to lose)")
+    switches = (data.get("losses") or {}).get("master_switches") or []
+    if switches:
+        described = ", ".join(
+            f"{switch['at']}s {switch['from']}->{switch['to']}{'' if switch['planned'] else ' (UNPLANNED)'}"
+            for switch in switches
+        )
+        lines.append(f"  master switches seen by the first sentinel: {described}")
     return lines
 
 
@@ -151,15 +158,15 @@ def _soak(data: dict[str, Any]) -> list[str]:
         )
     lines += [
         "",
-        f"  {'process':<24}  {'pid':>7}  {'lived':>11}  {'first':>6}  {'warm':>6}  {'end':>6}  {'peak':>6}  "
-        f"{'floor early':>11}  {'floor late':>10}  (RSS, MiB)",
+        f"  {'process':<24}  {'pid':>7}  {'lived':>11}  {'first':>6}  {'at 60s':>6}  {'end':>6}  {'peak':>6}  "
+        f"{'floor mid':>9}  {'floor late':>10}  (RSS, MiB; floors of the middle and last third of its life)",
     ]
     for row in soak["rss"]:
         lived = f"{row['from_s']:.0f}-{row['to_s']:.0f}s"
         lines.append(
             f"  {row['name']:<24}  {row['pid']:>7}  {lived:>11}  {_mib(row['first_kib']):>6}  "
             f"{_mib(row['warm_kib']):>6}  {_mib(row['last_kib']):>6}  {_mib(row['peak_kib']):>6}  "
-            f"{_mib(row['floor_early_kib']):>11}  {_mib(row['floor_late_kib']):>10}"
+            f"{_mib(row['floor_middle_kib']):>9}  {_mib(row['floor_late_kib']):>10}"
         )
     for role, part in soak["redis"].items():
         compared = part["compare"]
@@ -177,6 +184,11 @@ def _soak(data: dict[str, Any]) -> list[str]:
         ]
         scripts = f"{before.get('number_of_cached_scripts', '?')} -> {after.get('number_of_cached_scripts', '?')}"
         lines.append(f"    memory: {', '.join(parts)}; cached scripts {scripts}")
+        change = compared["dataset_change"]
+        lines.append(
+            f"    dataset {change['change']:+,} B: latency histograms of commands first used during the run "
+            f"{change['latency_histograms']:+,} B, the rest (keys) {change['rest']:+,} B"
+        )
         for row in compared["new_keys_documented"]:
             lines.append(f"    new, documented: {row['key']} ({row['type']}, {row['size']}): {row['why']}")
         for row in compared["leaked_keys"]:

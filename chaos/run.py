@@ -294,10 +294,10 @@ class Run:
         )
 
     def loss_bound(self) -> float:
-        """Seconds before a SIGKILL within which a lost acknowledged park is Redis's documented loss."""
-        if isinstance(self.topology, Sentinels) and self.wait_replicas:
-            return 0.0  # a park returned only once the replica had it: a failover may lose none
-        return FSYNC_BOUND_SECONDS
+        """Seconds before a SIGKILL within which a lost acknowledged park is Redis's documented loss: the fsync
+        bound of a standalone server; none for a failover, which loses nothing confirmed by a replica
+        (``redisdelay_wait_replicas``) and, without it, whatever the old master had not passed on, unbounded."""
+        return 0.0 if isinstance(self.topology, Sentinels) else FSYNC_BOUND_SECONDS
 
     # -- is anything left that could deliver a message? -------------------------------------------
 

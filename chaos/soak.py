@@ -3,8 +3,8 @@
 Two producer threads in the runner park ``--rate`` calls a second in all for ``--soak`` minutes, each
 due at a moment drawn uniformly up to ``--max-countdown`` seconds ahead (never past the end of the
 parking), so due times are spread over the run. Every call records a numbered message of the run, as
-the validation's consumer does (failing every other delivery on purpose, so the sweep redelivers
-half of them), and the mix covers every kind of key the store keeps, for the leak check:
+the validation's consumer does (failing every ``--fail-every``-th delivery on purpose, every other one
+by default, so the sweep redelivers them), and the mix covers every kind of key the store keeps, for the leak check:
 
 * 6 in 10: plain calls;
 * 1 in 10: with a ``unique_key`` (parked twice: the second must give the first's id);
@@ -33,10 +33,9 @@ from celery_redisdelay.validation import CONSUMER_TASK, collect_report
 from .config import BATCH_TASK, LOCK_SLOTS, LOCKED_TASK
 from .faults import Clock
 from .ledger import CALL, DEBOUNCE, ITEM, LOCKED, UNIQUE
-from .measure import Sampler, children_of, compare, inventory, this_process
+from .measure import Sampler, children_of, compare, histogram_bytes, inventory, this_process
 from .run import Run, say
 
-FAIL_EVERY = 2
 PRODUCERS = 2
 MIX = (CALL,) * 6 + (UNIQUE, DEBOUNCE, LOCKED, ITEM)
 #: A keyed call is parked twice; it must still be parked for the second (released calls free their key).
@@ -86,7 +85,7 @@ class Soak:
 
     def park_one(self, number: int) -> None:
         kind = MIX[number % len(MIX)]
-        args = (self.run_id, number, FAIL_EVERY)
+        args = (self.run_id, number, self.args.fail_every)
         consumer = self.tasks[CONSUMER_TASK]
         keyed = kind in (UNIQUE, DEBOUNCE) and self.countdown(KEYED_MIN_COUNTDOWN + DEBOUNCE_FIRST_EXTRA)
         if kind in (UNIQUE, DEBOUNCE) and not keyed:
@@ -148,14 +147,15 @@ class Soak:
                 found.append((f"redis {role} :{server.port}", server.pid))
         return found
 
-    def redis_inventories(self) -> dict[str, dict[str, Any]]:
+    def redis_inventories(self, *, calibrate: bool = False) -> dict[str, dict[str, Any]]:
         found = {}
         roles = {"store": self.run.topology.store_client}
         if self.run.topology.broker_apart:
             roles["broker"] = self.run.topology.broker_client
         for role, make in roles.items():
             with make() as client:
-                found[role] = inventory(client)
+                per_histogram = histogram_bytes(client) if calibrate else 0
+                found[role] = {**inventory(client), "histogram_bytes": per_histogram}
         return found
 
     def lateness_histogram(self) -> list[tuple[float, int]]:
@@ -163,7 +163,7 @@ class Soak:
 
     def soak(self) -> dict[str, Any]:
         """Park for the soak's minutes under the faults, drain, measure: the soak's part of the report."""
-        start_redis = self.redis_inventories()
+        start_redis = self.redis_inventories(calibrate=True)
         start_histogram = self.lateness_histogram()
         began = time.monotonic()
         self.sampler = Sampler(self.processes, began)

@@ -15,6 +15,7 @@ the replica the Sentinels promote, and comes back as its replica.
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -32,6 +33,7 @@ from .server import DurableRedis, durable_args
 MASTER_NAME = "chaos"
 SENTINELS = 3
 PROMOTION_TIMEOUT = 60.0
+SWITCH_POLL_SECONDS = 0.1
 
 
 def client_for(port: int, **options: Any) -> redis.Redis:
@@ -170,12 +172,29 @@ class Sentinels(Topology):
         self.fsync = fsync
         self.group = LocalSentinel(MASTER_NAME, sentinels=SENTINELS, data_args=durable_args(fsync))
         self._watcher: Sentinel | None = None
+        #: Every change of master the first sentinel reported, planned (after a kill) or not: wall, from, to.
+        self.switches: list[dict[str, Any]] = []
+        self._stopping = threading.Event()
+        self._switch_watch: threading.Thread | None = None
 
     def start(self) -> None:
         self.group.start()
         self._watcher = Sentinel([(HOST, port) for port in self.group.sentinel_ports], socket_timeout=5)  # type: ignore[no-untyped-call]
+        self._switch_watch = threading.Thread(target=self._watch_switches, name="chaos-switches", daemon=True)
+        self._switch_watch.start()
+
+    def _watch_switches(self) -> None:
+        last = self._master()
+        while not self._stopping.wait(SWITCH_POLL_SECONDS):
+            master = self._master()
+            if master is not None and last is not None and master != last:
+                self.switches.append({"wall": round(time.time(), 3), "from": last, "to": master})
+            last = master or last
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._switch_watch is not None:
+            self._switch_watch.join(10)
         logs = self.run_dir / "redis-logs"
         logs.mkdir(parents=True, exist_ok=True)
         for index, server in enumerate(self.group.servers):
