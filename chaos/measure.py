@@ -93,18 +93,19 @@ class Series:
         return next((sample for sample in self.samples if sample[0] >= moment), None)
 
     def summary(self, warm_seconds: float) -> dict[str, Any]:
-        """First sample, the first after ``warm_seconds``, the last, the peak, the floor (lowest sample) of the
-        middle and of the last third of the process's life, the slope over the last two thirds (KiB a minute,
-        least squares), and the samples every :data:`SERIES_SECONDS`.
+        """First sample, the first after ``warm_seconds``, the last, the peak, the highest sample of the first two
+        thirds of the process's life and the lowest of the last third, the slope over the last two thirds (KiB
+        a minute, least squares), and the samples every :data:`SERIES_SECONDS`.
 
-        The floors tell a leak from garbage: a Python process's RSS climbs while reference cycles (exception
-        tracebacks) pile up between full garbage collections, to the high-water mark of that garbage, and
-        stays there (freed memory is reused, not returned); what a leak holds keeps raising the floor.
+        ``growth_kib`` (the lowest of the last third less the highest before) tells a leak from garbage: a
+        Python process's RSS climbs while reference cycles (exception tracebacks) pile up between full garbage
+        collections, to the high-water mark of that garbage, and stays there (freed memory is reused, not
+        returned to the system); a leak keeps the RSS rising above anything it reached before.
         """
         first, last = self.samples[0], self.samples[-1]
         warm = self.at_or_after(first[0] + warm_seconds) or last
         third = (last[0] - first[0]) / 3
-        middle = [kib for moment, kib in self.samples if first[0] + third <= moment <= last[0] - third] or [last[1]]
+        before = [kib for moment, kib in self.samples if moment < last[0] - third] or [first[1]]
         late = [kib for moment, kib in self.samples if moment >= last[0] - third] or [last[1]]
         series, shown = [], -SERIES_SECONDS
         for moment, kib in self.samples:
@@ -120,9 +121,9 @@ class Series:
             "warm_kib": warm[1],
             "last_kib": last[1],
             "peak_kib": max(kib for _, kib in self.samples),
-            "floor_middle_kib": min(middle),
+            "high_before_kib": max(before),
             "floor_late_kib": min(late),
-            "growth_kib": min(late) - min(middle),
+            "growth_kib": min(late) - max(before),
             "slope_kib_per_min": round(_slope([s for s in self.samples if s[0] >= first[0] + third]) * 60, 1),
             "series": series,
         }

@@ -191,15 +191,15 @@ def first_start_lateness(run: Run, runs: dict[str, list[Any]]) -> dict[str, Any]
 
 def rss_flags(rows: list[dict[str, Any]]) -> list[str]:
     """The package's processes (workers and their pools, beat, the releaser) that lived through most of a soak
-    and whose RSS floor rose beyond noise from the middle to the last third of their life (see
+    and whose RSS in the last third of their life stayed above anything it reached before, beyond noise (see
     :meth:`chaos.measure.Series.summary`). Not judged: redis-server (its used_memory and keys are), and the
     runner, whose ledger holds every call it parked by design."""
     flagged = []
     for row in rows:
         if row["name"].startswith(("redis", "runner")) or row["to_s"] - row["from_s"] < RSS_JUDGED_FROM_MINUTES * 60:
             continue
-        if row["growth_kib"] > max(RSS_NOISE_KIB, RSS_NOISE_SHARE * row["floor_middle_kib"]):
-            flagged.append(f"{row['name']} (pid {row['pid']}): floor +{row['growth_kib']:,} KiB in its last third")
+        if row["growth_kib"] > max(RSS_NOISE_KIB, RSS_NOISE_SHARE * row["high_before_kib"]):
+            flagged.append(f"{row['name']} (pid {row['pid']}): +{row['growth_kib']:,} KiB in its last third")
     return flagged
 
 

@@ -159,14 +159,14 @@ def _soak(data: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"  {'process':<24}  {'pid':>7}  {'lived':>11}  {'first':>6}  {'at 60s':>6}  {'end':>6}  {'peak':>6}  "
-        f"{'floor mid':>9}  {'floor late':>10}  (RSS, MiB; floors of the middle and last third of its life)",
+        f"{'high 2/3':>8}  {'low 1/3':>7}  (RSS, MiB; highest in the first 2/3 of its life, lowest in the last 1/3)",
     ]
     for row in soak["rss"]:
         lived = f"{row['from_s']:.0f}-{row['to_s']:.0f}s"
         lines.append(
             f"  {row['name']:<24}  {row['pid']:>7}  {lived:>11}  {_mib(row['first_kib']):>6}  "
             f"{_mib(row['warm_kib']):>6}  {_mib(row['last_kib']):>6}  {_mib(row['peak_kib']):>6}  "
-            f"{_mib(row['floor_middle_kib']):>9}  {_mib(row['floor_late_kib']):>10}"
+            f"{_mib(row['high_before_kib']):>8}  {_mib(row['floor_late_kib']):>7}"
         )
     for role, part in soak["redis"].items():
         compared = part["compare"]
