@@ -35,7 +35,7 @@ def _summary(data: dict[str, Any]) -> list[str]:
         ("duplicates", f"{len(result.get('duplicates', []))} {_ids(result.get('duplicates', []))}"),
         ("dead-lettered", f"{result.get('dead', '?')}"),
         ("deliveries", f"{result.get('deliveries', '?')}"),
-        ("failures", f"{result.get('failures', '?')} (on purpose: every other delivery)"),
+        ("failures", f"{result.get('failures', '?')} (on purpose: fail_every={settings.get('fail_every', 2)})"),
         ("elapsed", f"{result.get('elapsed', '?')} s (validation or soak), {data.get('seconds', '?')} s (whole run)"),
         ("left in store", json.dumps(data.get("store_after"))),
         ("runs seen", json.dumps(data.get("runs"))),
