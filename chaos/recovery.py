@@ -2,12 +2,13 @@
 
 A fault at wall time ``W`` affects:
 
-* the runs it cut short: on the killed worker (a worker kill), or, for a fault of Redis or of the
-  connections, every run then going that ended without recording its message for a reason other
-  than the deliberate failure (cut short, a Redis error);
-* the messages the killed worker had received and not started (its prefetch);
+* the runs it cut short on the killed worker (a worker kill), or, for a fault of Redis or of the
+  connections, the runs that ended in a Redis error then or while it lasted;
+* the messages the killed worker had received and not started (its prefetch), unless their call was
+  already done;
 * the calls due while the fault lasted (the process or Redis down), when the producer chose the due
-  time (the soak).
+  time (the soak);
+* the calls the sweep brought back after the queue timeout, whose message was lost while they waited.
 
 For each, the time from the fault (or from its due time, if later) to the next start of the call on a
 worker; the report gives the count, the median and the longest, and what bounds the longest.
@@ -22,6 +23,9 @@ from typing import Any
 from .analysis import Run, WorkerLogs
 from .config import BROKER_VISIBILITY_TIMEOUT, RESTORE_INTERVAL, TICK_INTERVAL
 from .faults import BEAT_KILL, BROKER_KILL, BROKER_RESTART, CLIENT_KILL, RELEASER_KILL, WORKER_KILL, Fault
+
+#: A run that started while Redis was down may end in the error a little after Redis answers again.
+BROKEN_RUN_SLACK = 5.0
 
 
 def bounds(kind: str, visibility_timeout: float, queue_timeout: float) -> str:
@@ -48,7 +52,11 @@ def bounds(kind: str, visibility_timeout: float, queue_timeout: float) -> str:
         )
     if kind == CLIENT_KILL:
         return f"the clients' reconnection; {run}"
-    return f"Redis answering again (its restart from the append-only file, or the failover), the reconnections; {run}"
+    return (
+        f"Redis answering again (its restart from the append-only file, or the failover), the reconnections; {run}; "
+        f"a run that could not even mark its start (Redis down then) keeps its queue deadline and comes back after "
+        f"redisdelay_queue_timeout ({queue_timeout:g}s here)"
+    )
 
 
 def target_pid(fault: Fault) -> int | None:
@@ -79,18 +87,24 @@ def per_fault(
         killed = target_pid(fault) if fault.kind == WORKER_KILL else None
         for call_id, calls in runs.items():
             for run in calls:
-                if fault.kind == WORKER_KILL:
+                if fault.kind == WORKER_KILL:  # the runs it cut short
                     hit = run.worker_pid == killed and run.started <= wall and run.state is None
-                else:  # a fault of Redis or of the connections: runs it broke, then or while it lasted
-                    hit = run.recorded is None and run.started <= until and (run.ended or wall) >= wall
+                else:  # a fault of Redis or of the connections: runs that ended in a Redis error then
+                    hit = (
+                        run.recorded is None
+                        and run.ended is not None
+                        and wall <= run.ended <= until + BROKEN_RUN_SLACK
+                        and run.started <= until
+                    )
                 if hit and fault.kind not in (BEAT_KILL, RELEASER_KILL):
                     affected[call_id] = (wall, max(wall, run.started))
         if killed is not None:
             for call_id, seen in logs.receipts.items():
+                calls = runs.get(call_id, [])
+                if any(run.recorded and (run.ended or 0) <= wall for run in calls):
+                    continue  # done before the kill: a message it held could only be a spare copy
                 for moment, pid in seen:
-                    started_here = any(
-                        run.worker_pid == killed and run.started >= moment - 0.05 for run in runs.get(call_id, [])
-                    )
+                    started_here = any(run.worker_pid == killed and run.started >= moment - 0.05 for run in calls)
                     if pid == killed and moment <= wall and not started_here:
                         affected.setdefault(call_id, (wall, wall))  # prefetched, not started
         if fault.kind not in (WORKER_KILL, CLIENT_KILL):  # releasing or delivering stopped for a while
