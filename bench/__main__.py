@@ -72,18 +72,15 @@ dashboard
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import time
 import traceback
 from dataclasses import asdict
 from datetime import UTC, datetime
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from celery_redisdelay.testing import RedisServer, exit_on_sigterm, git_revision
+from celery_redisdelay.testing import RedisServer, exit_on_sigterm, software
 
 from .context import Context
 from .figures import FIGURES
@@ -161,12 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             "quick": args.quick,
             "sizes": asdict(ctx.sizes) if ctx is not None else {},
             "redis_server": redis_version,
-            "python": platform.python_version(),
-            "celery": version("celery"),
-            "kombu": version("kombu"),
-            "redis_py": version("redis"),
-            "revision": git_revision(ROOT),
-            "cpus": os.cpu_count(),
+            **software(ROOT),
             "mem_available_bytes": mem_available_bytes(),
         },
         "figures": figures,

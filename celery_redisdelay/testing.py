@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -89,6 +90,20 @@ def git_revision(root: Path) -> str:
     except (OSError, subprocess.TimeoutExpired):
         return "?"
     return done.stdout.strip() or "?"
+
+
+def software(root: Path) -> dict[str, Any]:
+    """What a benchmark or chaos report names its run by: Python, Celery, kombu, redis-py, the revision, cores."""
+    from importlib.metadata import version
+
+    return {
+        "python": platform.python_version(),
+        "celery": version("celery"),
+        "kombu": version("kombu"),
+        "redis_py": version("redis"),
+        "revision": git_revision(root),
+        "cpus": os.cpu_count(),
+    }
 
 
 def exit_on_sigterm() -> None:

@@ -264,31 +264,52 @@ def _replication(port: int) -> dict[str, Any]:
 
 
 class LocalSentinel(_Topology):
-    """A master, its replica and one Sentinel watching them under ``master_name`` (quorum 1)."""
+    """A master and its replica, watched under ``master_name`` by ``sentinels`` Sentinels, a majority of which
+    (the quorum) must agree that the master is down before one of them fails over.
 
-    def __init__(self, master_name: str = "redisdelay", binary: str | None = None) -> None:
+    ``data_args`` go to the master and the replica (``--appendonly yes ...`` makes them durable).
+    """
+
+    def __init__(
+        self,
+        master_name: str = "redisdelay",
+        binary: str | None = None,
+        *,
+        sentinels: int = 1,
+        data_args: Sequence[str] = (),
+    ) -> None:
         super().__init__(binary, "sentinel")
+        if sentinels < 1:
+            raise ValueError("a Sentinel topology needs at least one sentinel")
         self.master_name = master_name
-        self.sentinel_port = free_port()
+        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        self.quorum = sentinels // 2 + 1
+        self.data_args = list(data_args)
         self.data_ports: list[int] = []
 
     @property
+    def sentinel_port(self) -> int:
+        """The first sentinel's port."""
+        return self.sentinel_ports[0]
+
+    @property
     def sentinel_url(self) -> str:
-        return f"redis+sentinel://{HOST}:{self.sentinel_port}/{self.master_name}/0"
+        hosts = ",".join(f"{HOST}:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{self.master_name}/0"
 
     @property
     def kombu_broker_url(self) -> str:
-        return f"sentinel://{HOST}:{self.sentinel_port}/0"
+        return ";".join(f"sentinel://{HOST}:{port}/0" for port in self.sentinel_ports)
 
     @property
     def kombu_transport_options(self) -> dict[str, Any]:
         return {"master_name": self.master_name}
 
-    def sentinel_client(self) -> redis.Redis:
-        return _quick_client(self.sentinel_port, decode_responses=True)
+    def sentinel_client(self, index: int = 0) -> redis.Redis:
+        return _quick_client(self.sentinel_ports[index], decode_responses=True)
 
     def master_port(self) -> int:
-        """The master's port, as the Sentinel reports it."""
+        """The master's port, as the first Sentinel reports it."""
         with self.sentinel_client() as sentinel:
             address = sentinel.sentinel_get_master_addr_by_name(self.master_name)
         if not address:
@@ -299,37 +320,59 @@ class LocalSentinel(_Topology):
         master = self.master_port()
         return next(port for port in self.data_ports if port != master)
 
+    def node(self, port: int) -> RedisServer:
+        """The master or replica process listening on ``port``."""
+        return next(server for server in self.servers if server.port == port)
+
     def _start(self, timeout: float) -> None:
-        master = self._add(RedisServer(self.binary, FAST_REPLICATION, directory=self._node_dir("master")))
+        data = [*self.data_args, *FAST_REPLICATION]
+        master = self._add(RedisServer(self.binary, data, directory=self._node_dir("master")))
         _launch(master, "run a master", timeout)
-        replica_args = [*FAST_REPLICATION, "--replicaof", HOST, str(master.port)]
+        replica_args = [*data, "--replicaof", HOST, str(master.port)]
         replica = self._add(RedisServer(self.binary, replica_args, directory=self._node_dir("replica")))
         _launch(replica, "run a replica", timeout)
         self.data_ports = [master.port, replica.port]
-        directory = self._node_dir("sentinel")
-        config = directory / "sentinel.conf"
         name = self.master_name
-        lines = [f"port {self.sentinel_port}", f"bind {HOST}", f"dir {directory}", "daemonize no"]
-        lines += [f"sentinel monitor {name} {HOST} {master.port} 1", f"sentinel down-after-milliseconds {name} 1000"]
-        lines += [f"sentinel failover-timeout {name} 5000"]
-        config.write_text("\n".join(lines) + "\n")
-        sentinel = _Server(self.binary, [str(config), "--sentinel"], self.sentinel_port, directory)
-        _launch(self._add(sentinel), "run a sentinel", timeout)
-        wait_for(lambda: self._settled(master.port, replica.port), timeout, "the sentinel to see master and replica")
+        for index, port in enumerate(self.sentinel_ports):
+            directory = self._node_dir(f"sentinel{index}")
+            config = directory / "sentinel.conf"
+            lines = [f"port {port}", f"bind {HOST}", f"dir {directory}", "daemonize no"]
+            lines += [f"sentinel monitor {name} {HOST} {master.port} {self.quorum}"]
+            lines += [f"sentinel down-after-milliseconds {name} 1000", f"sentinel failover-timeout {name} 5000"]
+            config.write_text("\n".join(lines) + "\n")
+            sentinel = _Server(self.binary, [str(config), "--sentinel"], port, directory)
+            _launch(self._add(sentinel), "run a sentinel", timeout)
+        wait_for(lambda: self._settled(master.port, replica.port), timeout, "the sentinels to see master and replica")
 
     def _settled(self, master_port: int, replica_port: int) -> bool:
-        """The Sentinel names ``master_port`` as master and lists the replica, whose link to it is up."""
+        """Every Sentinel names ``master_port`` as master, lists the replica (whose link to it is up) and knows
+        the other Sentinels."""
         replication = _replication(replica_port)
         if replication.get("master_port") != master_port or replication.get("master_link_status") != "up":
             return False
-        with self.sentinel_client() as sentinel:
-            address = sentinel.sentinel_get_master_addr_by_name(self.master_name)
-            if not address or int(address[1]) != master_port:
+        for index in range(len(self.sentinel_ports)):
+            with self.sentinel_client(index) as sentinel:
+                address = sentinel.sentinel_get_master_addr_by_name(self.master_name)
+                if not address or int(address[1]) != master_port:
+                    return False
+                others = int(sentinel.sentinel_master(self.master_name)["num-other-sentinels"])
+                replicas = sentinel.sentinel_slaves(self.master_name)
+            if others != len(self.sentinel_ports) - 1 or not any(
+                known["port"] == replica_port and not (known["is_sdown"] or known["is_disconnected"])
+                for known in replicas
+            ):
                 return False
-            replicas = sentinel.sentinel_slaves(self.master_name)
-        return any(
-            known["port"] == replica_port and not (known["is_sdown"] or known["is_disconnected"]) for known in replicas
-        )
+        return True
+
+    def rejoin(self, port: int, timeout: float = 60.0) -> None:
+        """Start the node on ``port`` again, from its data directory, as a replica of the current master (as
+        its supervisor would after a failover); return once every Sentinel lists it as a working replica."""
+        master = self.master_port()
+        node = self.node(port)
+        node.terminate()  # a process that was killed: only reaped here
+        node.extra_args = [*self.data_args, *FAST_REPLICATION, "--replicaof", HOST, str(master)]
+        node.start(timeout)
+        wait_for(lambda: self._settled(master, port), timeout, f"port {port} to rejoin as a replica of port {master}")
 
     def _promoted(self, port: int) -> bool:
         with self.sentinel_client() as sentinel, _quick_client(port) as node:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -61,14 +61,7 @@ def register_validation_tasks(rd: RedisDelay) -> None:
 
     @rd.delayed(name=CONSUMER_TASK, bind=True, ignore_result=True, max_deliveries=CONSUMER_MAX_DELIVERIES)
     def consume(self: Any, run_id: str, number: int, fail_every: int) -> None:
-        try:
-            consumed = rd.store.validate_consume(rd.keys.validation_keys(run_id), number, fail_every)
-        except redis.RedisError as exc:
-            # The record may not have been written: a failure here would be acknowledged (Celery does not
-            # retry it) and the message lost to the check. Leave it in flight; the sweep delivers it again.
-            raise Abandon(f"validation run {run_id}: could not record message {number}: {exc}") from exc
-        if not consumed:
-            raise Abandon(f"validation run {run_id}: failing delivery of message {number} on purpose")
+        consume_message(rd, run_id, number, fail_every)
 
     @rd.app.task(name=VALIDATE_TASK, shared=False)  # type: ignore[untyped-decorator]
     def validate(
@@ -76,6 +69,25 @@ def register_validation_tasks(rd: RedisDelay) -> None:
     ) -> dict[str, Any]:
         """Run a validation and return its report (needs a worker with a free slot for the consumer)."""
         return run_validation(rd, count, fail_every=fail_every, timeout=timeout, deadline=deadline).as_dict()
+
+
+def consume_message(rd: RedisDelay, run_id: str, number: int, fail_every: int) -> None:
+    """One delivery of message ``number`` of validation ``run_id``: record it as processed, or fail every
+    ``fail_every``-th delivery of the run on purpose (raising :class:`Abandon`, so it is delivered again).
+    The consumer's body; other tasks of a chaos run record their messages with it too."""
+    try:
+        consumed = rd.store.validate_consume(rd.keys.validation_keys(run_id), number, fail_every)
+    except redis.RedisError as exc:
+        # The record may not have been written: a failure here would be acknowledged (Celery does not
+        # retry it) and the message lost to the check. Leave it in flight; the sweep delivers it again.
+        raise Abandon(f"validation run {run_id}: could not record message {number}: {exc}") from exc
+    if not consumed:
+        raise Abandon(f"validation run {run_id}: failing delivery of message {number} on purpose")
+
+
+def park_call(task: Any, args: tuple[Any, ...], options: dict[str, Any]) -> str:
+    """How :func:`run_validation` parks a message unless told otherwise: ``task.apply_async``."""
+    return str(task.apply_async(args, **options).id)
 
 
 def run_validation(
@@ -87,25 +99,26 @@ def run_validation(
     deadline: float = 600.0,
     queue_timeout: float | None = None,
     progress: Callable[[int, int], None] | None = None,
+    park: Callable[[Any, tuple[Any, ...], dict[str, Any]], str] = park_call,
 ) -> ValidationReport:
     """Park ``count`` messages for the consumer and wait (polling Redis) until all are done.
 
-    Workers and a tick (beat, or another releaser) must be running against the same app.
+    Workers and a tick (beat, or another releaser) must be running against the same app. ``park(task,
+    args, options)`` parks one message and returns its id (the chaos runner's records each park and
+    retries the ones a failover did not confirm).
     """
     if count < 1:
         raise RedisDelayError(f"count must be at least 1, not {count}")
     if fail_every == 1 or fail_every < 0:
         raise RedisDelayError(f"fail_every must be 0 (never fail) or at least 2, not {fail_every}")
     run_id = uuid.uuid4().hex[:12]
-    processed_key, counters_key = rd.keys.validation_keys(run_id)
+    processed_key = rd.keys.validation_keys(run_id)[0]
     consumer = rd.app.tasks[CONSUMER_TASK]
     # Calls released in bulk wait in the broker queue; give them longer than a run before sweeping.
     queue_timeout = queue_timeout if queue_timeout is not None else max(30.0, 6 * timeout)
     started = time.monotonic()
-    ids = [
-        consumer.apply_async((run_id, number, fail_every), visibility_timeout=timeout, queue_timeout=queue_timeout).id
-        for number in range(count)
-    ]
+    options = {"visibility_timeout": timeout, "queue_timeout": queue_timeout}
+    ids = [park(consumer, (run_id, number, fail_every), dict(options)) for number in range(count)]
     give_up = started + deadline
     timed_out = True
     while time.monotonic() < give_up:
@@ -124,21 +137,28 @@ def run_validation(
             break
         time.sleep(POLL_SECONDS)
     elapsed = time.monotonic() - started
-    raw = rd.client.hgetall(processed_key)
-    times = {int(number): int(n) for number, n in raw.items()}
-    counters = {text(key): int(value) for key, value in rd.client.hgetall(counters_key).items()}
     dead = sum(
         score is not None
         for store in rd.shards.all()
         for start in range(0, len(ids), 1000)
         for score in rd.client.zmscore(store.keys.dead, ids[start : start + 1000])
     )
+    return collect_report(rd, run_id, range(count), dead=dead, elapsed=elapsed, timed_out=timed_out)
+
+
+def collect_report(
+    rd: RedisDelay, run_id: str, numbers: Collection[int], *, dead: int, elapsed: float, timed_out: bool
+) -> ValidationReport:
+    """The report of run ``run_id``, whose messages are ``numbers``, from its record in Redis (then deleted)."""
+    processed_key, counters_key = rd.keys.validation_keys(run_id)
+    times = {int(number): int(n) for number, n in rd.client.hgetall(processed_key).items()}
+    counters = {text(key): int(value) for key, value in rd.client.hgetall(counters_key).items()}
     rd.client.delete(processed_key, counters_key)
     return ValidationReport(
         run_id=run_id,
-        expected=count,
+        expected=len(numbers),
         processed=len(times),
-        missing=[number for number in range(count) if number not in times],
+        missing=[number for number in sorted(numbers) if number not in times],
         duplicates=sorted(number for number, n in times.items() if n > 1),
         deliveries=counters.get("deliveries", 0),
         failures=counters.get("failures", 0),

@@ -24,7 +24,7 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
@@ -33,7 +33,8 @@ from typing import Any
 from celery_redisdelay.validation import CONSUMER_TASK
 
 from .cluster import Member
-from .faults import CLIENT_KILL, REDIS_RESTART, Fault
+from .config import CLAIM_TIMEOUT
+from .faults import CLIENT_KILL, REDIS_FAULTS, REDIS_KILL, REDIS_RESTART, Fault
 
 STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): "  # a Celery log line's timestamp
 #: The package could not acknowledge the call (Redis unreachable): the sweep delivers it again.
@@ -44,7 +45,10 @@ BROKER_ACK_LOST = re.compile(STAMP + r"CRITICAL/MainProcess\] Couldn't ack '([^'
 #: broker yet (kombu's ``restore_unacked``), even one whose task has already run.
 RESTORING = re.compile(STAMP + r"INFO/MainProcess\] Restoring (\d+) unacknowledged", re.M)
 RECEIVED = re.compile(STAMP + r"INFO/MainProcess\] Task " + re.escape(CONSUMER_TASK) + r"\[([^\]]+)\] received", re.M)
-CONNECTION_FAULTS = (CLIENT_KILL, REDIS_RESTART)
+CONNECTION_FAULTS = (CLIENT_KILL, *REDIS_FAULTS)
+#: A releaser (or a tick) pushed calls to the broker but could not mark them published in the store.
+CONFIRM_FAILED = "could not confirm published calls"
+STORE_FAULTS = (CLIENT_KILL, REDIS_RESTART, REDIS_KILL)
 
 
 @dataclass
@@ -57,8 +61,13 @@ class Run:
     pid: int
     worker_pid: int  # the process group: the worker's main process
     ended: float | None = None
-    state: str | None = None  # SUCCESS, IGNORED, FAILURE; None when cut short
+    state: str | None = None  # SUCCESS, IGNORED, FAILURE, DEFERRED (a busy lock); None when cut short
     exc: str | None = None
+    items: tuple[int, ...] = ()  # a batch: the numbers of its other items
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        return (self.number, *self.items)
 
     @property
     def recorded(self) -> bool | None:
@@ -66,6 +75,8 @@ class Run:
         Redis call failed on the connection (the script may have run and only its reply been lost)."""
         if self.state is None:
             return None
+        if self.state == "DEFERRED":
+            return False  # its lock was busy: the body did not run
         if self.state == "FAILURE" and self.exc and ("ConnectionError" in self.exc or "TimeoutError" in self.exc):
             return None
         if self.state == "IGNORED" and self.exc and "on purpose" not in self.exc:
@@ -87,7 +98,8 @@ def read_runs(events_dir: Path, run_id: str) -> dict[str, list[Run]]:
                 current = None
                 if event.get("run") != run_id:
                     continue
-                current = Run(event["id"], int(event["n"]), event["t"], event["pid"], event["pg"])
+                items = tuple(int(n) for n in event.get("items") or ())
+                current = Run(event["id"], int(event["n"]), event["t"], event["pid"], event["pg"], items=items)
                 runs[current.id].append(current)
             elif event.get("e") == "end" and current is not None and event.get("id") == current.id:
                 current.ended = event["t"]
@@ -112,16 +124,19 @@ class WorkerLogs:
     broker_ack_lost: dict[str, tuple[float, str]]  # call id -> (when, worker name), the first time
     restores: dict[int, list[float]]  # worker pid -> when it restored unacknowledged messages
     receipts: dict[str, list[tuple[float, int]]]  # call id -> (when, worker pid) of each receipt
+    confirm_failed: set[str] = field(default_factory=set)  # processes that logged CONFIRM_FAILED
 
     @classmethod
     def read(cls, members: Iterable[Member]) -> WorkerLogs:
         logs = cls({}, {}, {}, defaultdict(list))
         for member in members:
-            if member.role != "worker":
-                continue
             try:
                 text = member.output()
             except OSError:
+                continue
+            if CONFIRM_FAILED in text:  # the releaser's log lines carry no time
+                logs.confirm_failed.add(member.name)
+            if member.role != "worker":
                 continue
             for match in ACK_FAILED.finditer(text):
                 logs.ack_failed.setdefault(match.group(2), (log_time(match.group(1)), member.name))
@@ -146,23 +161,31 @@ class Explainer:
         visibility_timeout: float,
         broker_visibility_timeout: float,
         park_retried: set[str],
+        loss_window: float | None = None,
+        numbers_retried: set[int] | None = None,
+        queue_timeout: float = 0.0,
     ) -> None:
         self.runs = runs
         self.by_number: dict[int, str] = {}
         for call_id, calls in runs.items():
             for run in calls:
-                self.by_number[run.number] = call_id
+                for number in run.numbers:
+                    self.by_number[number] = call_id
         self.workers = {member.pid: member for member in members if member.role == "worker"}
         self.faults = [fault for fault in faults if fault.injected and fault.wall is not None]
         self.started_wall = started_wall
         self.visibility_timeout = visibility_timeout
         self.broker_visibility_timeout = broker_visibility_timeout
         self.park_retried = park_retried
+        self.loss_window = loss_window  # a SIGKILL of the store may lose writes acknowledged this long before it
+        self.numbers_retried = numbers_retried or set()  # messages the runner parked (or added) again
+        self.queue_timeout = queue_timeout
         logs = WorkerLogs.read(members)
         self.ack_failed = logs.ack_failed
         self.broker_ack_lost = logs.broker_ack_lost
         self.restores = logs.restores
         self.receipts = logs.receipts
+        self.confirm_failed = logs.confirm_failed
 
     def at(self, wall: float) -> str:
         return f"+{wall - self.started_wall:.2f}s"
@@ -272,10 +295,47 @@ class Explainer:
         restored = self.restored_copy(run.id, later)
         if restored:
             return restored, True
+        killed = self.lost_in_kill(run)
+        if killed:
+            return killed, True
+        republished = self.published_twice(later)
+        if republished:
+            return republished, True
         if run.id in self.park_retried:
             return "the runner retried its park after a lost reply (the first park had already stored it)", True
         near = self.nearest_fault(later.started)
         return f"acknowledged without an error logged, yet delivered again (nearest fault: {near})", False
+
+    def lost_in_kill(self, run: Run) -> str | None:
+        """A run that ended shortly before a SIGKILL of the store: its acknowledgement was among the last
+        writes, which the kill may lose (Redis's fsync bound, or a failover's replication lag)."""
+        if self.loss_window is None or run.ended is None:
+            return None
+        for fault in self.faults:
+            if fault.kind == REDIS_KILL and fault.wall is not None and 0 <= fault.wall - run.ended <= self.loss_window:
+                return (
+                    f"it ended {fault.wall - run.ended:.2f}s before the SIGKILL of the store at {self.at(fault.wall)}: "
+                    f"its acknowledgement was among the writes such a kill may lose (the last {self.loss_window:g}s)"
+                )
+        return None
+
+    def published_twice(self, later: Run) -> str | None:
+        """A second copy in the broker: a release pushed the call, the store went away before the release
+        could mark it published, and after the claim timeout the sweep took the claim for abandoned and
+        published the call again (the two-step release, with the broker on another Redis)."""
+        if not self.confirm_failed:
+            return None
+        window = CLAIM_TIMEOUT + self.queue_timeout
+        faults = [f for f in self.faults if f.kind in STORE_FAULTS and 0 <= later.started - (f.wall or 0) <= window]
+        if not faults:
+            return None
+        fault = faults[-1]
+        return (
+            f"probably published twice: {', '.join(sorted(self.confirm_failed))} logged '{CONFIRM_FAILED}' (a "
+            f"release pushed calls to the broker and the store went away before it could mark them published; "
+            f"nearest store fault: {fault.kind} at {self.at(fault.wall or 0)}), so the sweep published them again "
+            f"after the {CLAIM_TIMEOUT:g}s claim timeout and both copies ran"
+        )
 
     def duplicate(self, number: int) -> dict[str, Any]:
         call_id = self.by_number.get(number)
@@ -288,6 +348,9 @@ class Explainer:
             reason, ok = self.why_again(calls, index, calls[following])
             reasons.append(f"run {index + 1}: {reason}")
             allowed = allowed and ok
+        if number in self.numbers_retried and not allowed:
+            reasons.append("the runner parked (or added) it again after an error: the first may have been stored")
+            allowed = True
         if not reasons:
             reasons.append("fewer than two runs recorded the message: not explained by the event logs")
         return {
@@ -299,11 +362,13 @@ class Explainer:
             "allowed": allowed,
         }
 
-    def missing(self, number: int, store_state: dict[str, Any] | None) -> dict[str, Any]:
+    def missing(self, number: int, store_state: dict[str, Any] | None, *, lost: bool = False) -> dict[str, Any]:
         call_id = self.by_number.get(number)
         calls = self.runs.get(call_id, []) if call_id else []
         failed = [run for run in calls if run.state == "FAILURE"]
-        if not calls:
+        if lost:
+            explanation = "acknowledged to the producer, and gone after a SIGKILL of the store (see the faults)"
+        elif not calls:
             explanation = "never started on any worker"
         elif failed:
             run = failed[-1]
@@ -331,19 +396,3 @@ def run_counts(runs: dict[str, list[Run]]) -> dict[str, int]:
         for run in calls:
             counts[run.state or "cut short"] += 1
     return dict(counts)
-
-
-def recoveries(runs: dict[str, list[Run]], started_wall: float, queue_timeout: float) -> dict[str, Any]:
-    """Deliveries that came about the queue timeout after the call's previous run (or the start): the
-    sweep bringing back a message lost between the broker and a worker (popped by a worker that was
-    killed before kombu noted it, or whose reply was lost with a dropped connection). They make the
-    run's tail."""
-    swept = []
-    for calls in runs.values():
-        previous = started_wall
-        for run in calls:
-            gap = run.started - previous
-            if gap >= 0.9 * queue_timeout:
-                swept.append((run.number, round(gap, 1)))
-            previous = run.ended or run.started
-    return {"after_queue_timeout": len(swept), "examples": sorted(swept)[:20]}

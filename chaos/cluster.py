@@ -17,7 +17,7 @@ from typing import Any
 
 from celery_redisdelay.testing import CeleryProcess, beat, wait_for, worker
 
-from .config import ENV_EVENTS, ENV_URL, QUEUE, TICK_QUEUE
+from .config import ENV_EVENTS, QUEUE, TICK_QUEUE
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "chaos.app"
@@ -81,15 +81,14 @@ class Cluster:
     thread and the supervisor never replace the same process twice.
     """
 
-    def __init__(self, url: str, run_dir: Path, say: Callable[[str], None]) -> None:
-        self.url = url
+    def __init__(self, env: dict[str, str], run_dir: Path, say: Callable[[str], None]) -> None:
         self.say = say
         self.logs_dir = run_dir / "logs"
         self.events_dir = run_dir / "events"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.events_dir.mkdir(parents=True, exist_ok=True)
         self.env = {
-            ENV_URL: url,
+            **env,  # the app's configuration (chaos/app.py)
             ENV_EVENTS: str(self.events_dir),
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",  # their output reaches the log file as it is written

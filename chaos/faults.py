@@ -1,11 +1,13 @@
 """The faults: planned from a seeded RNG at points spread over the run, injected by a thread.
 
-A fault's moment is a point of the run's progress, drawn uniformly: progress counts the parking of
-the messages (the first :data:`PARK_SHARE` of it) and then the messages processed, so some faults hit
-while the runner is still parking and the others while the workers process and the sweep redelivers.
-Progress, not time, because how long a run lasts depends on the machine and on the faults themselves.
-The thread injects the faults one after another, each with its recovery (a new process started and
-ready, Redis answering again) before the next.
+A fault's moment is a point of the run's progress, drawn uniformly: in a validation, progress counts
+the parking of the messages (the first :data:`PARK_SHARE` of it) and then the messages processed, so
+some faults hit while the runner is still parking and the others while the workers process and the
+sweep redelivers (progress, not time, because how long a run lasts depends on the machine and on the
+faults themselves); every other SIGKILL of the store's Redis is placed while the runner parks, where it
+can cost acknowledged parks. In a soak, progress is the share of its minutes gone by. The thread
+injects the faults one after another, each with its recovery (a new process started and ready, Redis
+answering again) before the next.
 """
 
 from __future__ import annotations
@@ -18,18 +20,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import redis
-
 from .cluster import Cluster, ClusterClosed
-from .server import DurableRedis
+from .topology import Topology
 
 WORKER_KILL = "worker_kill"
 BEAT_KILL = "beat_kill"
 RELEASER_KILL = "releaser_kill"
 REDIS_RESTART = "redis_restart"
+REDIS_KILL = "redis_kill"
+BROKER_RESTART = "broker_restart"
+BROKER_KILL = "broker_kill"
 CLIENT_KILL = "client_kill"
-KINDS = (WORKER_KILL, BEAT_KILL, RELEASER_KILL, REDIS_RESTART, CLIENT_KILL)
+KINDS = (WORKER_KILL, BEAT_KILL, RELEASER_KILL, REDIS_RESTART, REDIS_KILL, BROKER_RESTART, BROKER_KILL, CLIENT_KILL)
 ROLES = {WORKER_KILL: "worker", BEAT_KILL: "beat", RELEASER_KILL: "releaser"}
+#: Faults of a redis-server: they break every client's connection.
+REDIS_FAULTS = (REDIS_RESTART, REDIS_KILL, BROKER_RESTART, BROKER_KILL)
 
 #: The share of the progress scale given to parking the messages; the rest is processing them.
 PARK_SHARE = 0.1
@@ -53,23 +58,35 @@ class Fault:
     recovery_seconds: float | None = None  # until the replacement was ready / Redis answered
     detail: str = ""
     error: str | None = None
+    # A SIGKILL of the store: calls acknowledged to the producer before it that are gone after it.
+    exposed: int | None = None  # parks acknowledged within the fsync bound before the kill
+    lost: list[dict[str, Any]] | None = None  # {"n", "id", "kind", "before_kill": seconds}
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def plan(counts: dict[str, int], rng: random.Random, workers: int) -> list[Fault]:
-    """``counts[kind]`` faults of each kind at uniformly drawn points of progress, in order."""
+def plan(
+    counts: dict[str, int],
+    rng: random.Random,
+    workers: int,
+    *,
+    earliest: float = EARLIEST,
+    parking: tuple[float, float] | None = (EARLIEST, PARK_SHARE),
+) -> list[Fault]:
+    """``counts[kind]`` faults of each kind at uniformly drawn points of progress, in order; with
+    ``parking``, every other SIGKILL of the store within that span of progress (the runner parking)."""
     faults = []
     for kind in KINDS:
-        for _ in range(counts.get(kind, 0)):
-            at = round(rng.uniform(EARLIEST, LATEST), 4)
+        for index in range(counts.get(kind, 0)):
+            low, high = parking if parking and kind == REDIS_KILL and index % 2 == 0 else (earliest, LATEST)
+            at = round(rng.uniform(low, high), 4)
             faults.append(Fault(kind, at, slot=rng.randrange(workers) if kind == WORKER_KILL else 0))
     return sorted(faults, key=lambda fault: fault.at)
 
 
 class Progress:
-    """Where the run is, on a 0..1 scale: messages parked (by the runner) and processed (by the workers)."""
+    """Where a validation is, on a 0..1 scale: messages parked (by the runner) and processed (by the workers)."""
 
     def __init__(self, count: int) -> None:
         self.count = count
@@ -92,6 +109,17 @@ class Progress:
         return time.monotonic() - self.started
 
 
+class Clock(Progress):
+    """Where a soak is, on a 0..1 scale: the share of its parking time gone by."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(1)
+        self.seconds = seconds
+
+    def fraction(self) -> float:
+        return min(1.0, self.elapsed() / self.seconds)
+
+
 class Injector(threading.Thread):
     """Injects the planned faults in order as progress reaches their points, until :meth:`finish`."""
 
@@ -100,15 +128,17 @@ class Injector(threading.Thread):
         faults: list[Fault],
         progress: Progress,
         cluster: Cluster,
-        server: DurableRedis,
+        topology: Topology,
         say: Callable[[str], None],
+        after_store_kill: Callable[[Fault], None],
     ) -> None:
         super().__init__(name="chaos-faults", daemon=True)
         self.faults = faults
         self.progress = progress
         self.cluster = cluster
-        self.server = server
+        self.topology = topology
         self.say = say
+        self.after_store_kill = after_store_kill
         self.stopping = threading.Event()
         self.failure: str | None = None  # a fault that could not be injected or recovered from
 
@@ -146,23 +176,25 @@ class Injector(threading.Thread):
             fault.target = f"{old.name} pid {old.pid}"
             _, new = self.cluster.replace(role, slot)
             fault.replacement = f"{new.name} pid {new.pid}"
-        elif fault.kind == REDIS_RESTART:
-            fault.target = f"redis-server pid {self.server.pid}"
-            down, stopping = self.server.restart()
-            fault.replacement = f"redis-server pid {self.server.pid}"
-            fault.detail = f"SIGTERM, exited after {stopping:.2f}s, down {down:.2f}s in all"
+        elif fault.kind in REDIS_FAULTS:
+            role = "broker" if fault.kind in (BROKER_RESTART, BROKER_KILL) else "store"
+            fault.target = f"{role} redis-server pid {self.topology.pid(role)}"
+            fault.detail, fault.wall = self.topology.fail(role, kill=fault.kind in (REDIS_KILL, BROKER_KILL))
+            fault.replacement = f"pid {self.topology.pid(role)}"
         elif fault.kind == CLIENT_KILL:
-            client = redis.Redis(host="127.0.0.1", port=self.server.port, socket_connect_timeout=2)
+            client = self.topology.store_client()
             try:
                 before = len(client.client_list(_type="normal"))
                 killed = client.client_kill_filter(_type="normal")  # skips this connection
             finally:
                 client.close()
             fault.target = "CLIENT KILL TYPE normal"
-            fault.detail = f"{killed} of {before - 1} other normal connections dropped"
+            fault.detail = f"{killed} of {before - 1} other normal connections dropped on the store's Redis"
         else:
             raise ValueError(f"unknown fault {fault.kind}")
         fault.recovery_seconds = round(time.monotonic() - began, 2)
+        if fault.kind == REDIS_KILL:
+            self.after_store_kill(fault)
         self.say(
             f"fault {fault.kind:<13} at {fault.elapsed:7.1f}s (progress {fault.progress:.3f}): "
             f"{fault.target}{' -> ' + fault.replacement if fault.replacement else ''}"

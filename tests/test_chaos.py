@@ -1,12 +1,18 @@
-"""The chaos runner at CI size (``python -m chaos``): under worker, beat and releaser kills, a Redis
-restart and dropped connections, no validation message goes missing. Timings are not judged here."""
+"""The chaos runner at CI size (``python -m chaos``): under worker, beat and releaser kills, a Redis restart,
+SIGKILLs of Redis and dropped connections, no validation message goes missing but what Redis's own bound allows
+a SIGKILL to lose; a one-minute soak with the broker on its own Redis leaves no key behind. Timings are not judged
+here. Also the runner's ledger, which tells an acknowledged park that Redis lost, against a real server."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from celery_redisdelay import RedisDelay
+from chaos.ledger import CALL, FSYNC_BOUND_SECONDS, Ledger, exposure
 
 from .conftest import run_module
 
@@ -18,6 +24,8 @@ CI_SIZE = (
     "5",
     "--redis-restarts",
     "1",
+    "--redis-kills",
+    "2",
     "--beat-kills",
     "2",
     "--releaser-kills",
@@ -32,16 +40,85 @@ CI_SIZE = (
     "--deadline",
     "180",
 )
+SOAK_TIMEOUT = 300
+CI_SOAK = (
+    "--soak",
+    "1",
+    "--rate",
+    "10",
+    "--broker-apart",
+    "--worker-kills",
+    "1",
+    "--releaser-kills",
+    "1",
+    "--beat-kills",
+    "0",
+    "--redis-kills",
+    "1",
+    "--broker-kills",
+    "1",
+    "--client-kills",
+    "1",
+    "--deadline",
+    "150",
+)
+
+
+def run_chaos(tmp_path: Path, args: tuple[str, ...], timeout: float) -> tuple[int, str, dict[str, Any]]:
+    out = tmp_path / "chaos.json"
+    status, output = run_module("chaos", *args, "--json", str(out), timeout=timeout)
+    print(output)
+    return status, output, json.loads(out.read_text())
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(CHAOS_TIMEOUT + 90)
 def test_chaos_run_loses_no_message(tmp_path: Path) -> None:
-    out = tmp_path / "chaos.json"
-    status, output = run_module("chaos", *CI_SIZE, "--json", str(out), timeout=CHAOS_TIMEOUT)
-    print(output)
+    status, output, report = run_chaos(tmp_path, CI_SIZE, CHAOS_TIMEOUT)
 
-    report = json.loads(out.read_text())
     assert report["result"]["expected"] == 2000, output
-    assert report["result"]["missing"] == [], output
+    kills = report["losses"]["kills"]
+    assert len(kills) == 2 and all(kill["exposed"] is not None for kill in kills), output
+    assert report["losses"]["lost_beyond_bound"] == 0, output
+    assert report["losses"]["missing_other"] == 0, output
     assert status == 0, output
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(SOAK_TIMEOUT + 90)
+def test_a_short_soak_loses_nothing_and_leaves_no_key(tmp_path: Path) -> None:
+    status, output, report = run_chaos(tmp_path, CI_SOAK, SOAK_TIMEOUT)
+
+    soak = report["soak"]
+    assert report["result"]["expected"] > 0 and report["losses"]["missing_other"] == 0, output
+    assert set(soak["redis"]) == {"store", "broker"}, output
+    assert soak["leaked_keys"] == [], output
+    names = {row["name"] for row in soak["rss"]}
+    assert {"runner", "redis store", "redis broker"} <= {name.split(" :")[0] for name in names}, output
+    assert any(name.startswith("worker") and name.endswith("pool") for name in names), output
+    assert status == 0, output
+
+
+def test_the_ledger_finds_an_acknowledged_park_that_is_gone(rd: RedisDelay, tmp_path: Path) -> None:
+    @rd.delayed(name="tests.chaos.noop")
+    def noop(run_id: str, number: int) -> None:
+        return None
+
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    try:
+        ids = [noop.apply_async(("run", number), countdown=60).id for number in range(3)]
+        for number, call_id in enumerate(ids):
+            ledger.record(call_id, number, CALL)
+        processed_key = rd.keys.validation_keys("run")[0]
+        assert rd.cancel(ids[1]) and rd.cancel(ids[2])
+        rd.client.hset(processed_key, "1", 1)  # 1 ran and was acknowledged; 2 is simply gone
+
+        lost = ledger.lost(rd.client, rd.shards.stores, processed_key, before=ledger.entries[-1].t)
+
+        assert [entry.id for entry in lost] == [ids[2]]
+        assert exposure(ledger.entries, ledger.entries[-1].t) == 3
+        assert exposure(ledger.entries, ledger.entries[-1].t + FSYNC_BOUND_SECONDS + 1) == 0
+        lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
+        assert [json.loads(line)["id"] for line in lines] == ids
+    finally:
+        ledger.close()

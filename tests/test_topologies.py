@@ -17,6 +17,7 @@ from redis.crc import key_slot
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from celery_redisdelay.testing import kill_group, wait_for
 from celery_redisdelay.topologies import (
     HOST,
     LocalCluster,
@@ -154,6 +155,48 @@ def test_a_failover_keeps_replicated_writes_and_takes_new_ones(sentinel: LocalSe
         after.set(key, "after")
         assert after.wait(1, 1000) == 1
         assert (promoted.get(key), demoted.get(key)) == (b"after", b"after")
+
+
+@pytest.fixture
+def three_sentinels() -> Iterator[LocalSentinel]:
+    yield from running(LocalSentinel(sentinels=3, data_args=["--appendonly", "yes", "--appendfsync", "everysec"]))
+
+
+def test_three_sentinels_fail_over_a_killed_master_and_take_it_back_as_a_replica(
+    three_sentinels: LocalSentinel,
+) -> None:
+    group = three_sentinels
+    ports = group.sentinel_ports
+    assert (len(set(ports)), group.quorum) == (3, 2)
+    assert group.sentinel_url == f"redis+sentinel://{','.join(f'127.0.0.1:{p}' for p in ports)}/redisdelay/0"
+    assert group.kombu_broker_url.split(";") == [f"sentinel://127.0.0.1:{port}/0" for port in ports]
+    old = group.master_port()
+    with once(old) as master:
+        master.set("acknowledged", "yes")
+        assert master.wait(1, 1000) == 1
+        assert master.config_get("appendonly") == {"appendonly": "yes"}
+    killed = group.node(old)
+    assert killed.process is not None
+    kill_group(killed.process)  # a crash: no time to hand over
+    killed.process.wait(10)
+
+    def promoted() -> bool:
+        for index in range(3):
+            with group.sentinel_client(index) as sentinel:
+                if int(sentinel.sentinel_get_master_addr_by_name("redisdelay")[1]) == old:
+                    return False
+        return True
+
+    wait_for(promoted, 60, "every sentinel to name the promoted replica")
+    new = group.master_port()
+    group.rejoin(old)
+    with once(new) as promoted_node, once(old) as rejoined:
+        assert promoted_node.role()[0] == b"master"
+        assert rejoined.role()[0] == b"slave"
+        assert promoted_node.get("acknowledged") == b"yes"
+        promoted_node.set("after", "yes")
+        assert promoted_node.wait(1, 1000) == 1
+        assert rejoined.get("after") == b"yes"
 
 
 # -- TLS ----------------------------------------------------------------------------------------
