@@ -72,6 +72,7 @@ dashboard
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 import traceback
@@ -80,11 +81,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from celery_redisdelay.testing import RedisServer, exit_on_sigterm, software
+from celery_redisdelay.testing import RedisServer
 
 from .context import Context
 from .figures import FIGURES
 from .processes import ROOT, mem_available_bytes
+from .provenance import software
 from .report import FAILED, NOT_IMPLEMENTED, Row, table, write_json
 
 DEFAULT_JSON = ROOT / "bench" / "results.json"
@@ -135,7 +137,7 @@ def run_figure(ctx: Context, name: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    exit_on_sigterm()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # finally blocks stop what it started
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     figures: dict[str, dict[str, Any]] = {}
     server = RedisServer()

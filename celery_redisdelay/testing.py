@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -15,9 +14,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Self
 
 import redis
 from redis.backoff import NoBackoff
@@ -81,45 +80,12 @@ def kill_group(process: subprocess.Popen[Any]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
-def git_revision(root: Path) -> str:
-    """``git describe --always --dirty`` of ``root``, for the reports of the benchmarks and chaos runs."""
-    try:
-        done = subprocess.run(
-            ["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "?"
-    return done.stdout.strip() or "?"
-
-
-def software(root: Path) -> dict[str, Any]:
-    """What a benchmark or chaos report names its run by: Python, Celery, kombu, redis-py, the revision, cores."""
-    from importlib.metadata import version
-
-    return {
-        "python": platform.python_version(),
-        "celery": version("celery"),
-        "kombu": version("kombu"),
-        "redis_py": version("redis"),
-        "revision": git_revision(root),
-        "cpus": os.cpu_count(),
-    }
-
-
-def exit_on_sigterm() -> None:
-    """Make SIGTERM end the program as Ctrl-C does (SystemExit), so its ``finally`` blocks stop what it
-    started; for the demo, the benchmarks and the chaos runner."""
-
-    def leave(signum: int, frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, leave)
-
-
 class RedisServer:
     """A throwaway redis-server on a free loopback port.
 
-    ``extra_args`` come last, so they override the defaults (``--appendonly yes`` makes it durable).
+    ``extra_args`` come last, so they override the defaults (``--appendonly yes`` makes it durable);
+    ``arguments`` replaces the whole command line after the binary (a config file, ``--sentinel``, TLS),
+    and ``client_options`` are what a client needs to reach it (TLS, a password).
     ``restart()`` stops it with SIGTERM (it syncs its files) and starts it again on the same port and
     data directory; ``stop()`` stops it and deletes the directory.
     """
@@ -130,6 +96,9 @@ class RedisServer:
         extra_args: Sequence[str] = (),
         port: int | None = None,
         directory: str | Path | None = None,
+        *,
+        arguments: Sequence[str] | None = None,
+        client_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.binary = binary or redis_server_binary()
         self.port = port or free_port()
@@ -137,6 +106,8 @@ class RedisServer:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.dir / "redis.log"
         self.extra_args = list(extra_args)
+        self.arguments = list(arguments) if arguments is not None else None
+        self.client_options = dict(client_options or {})
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -147,28 +118,31 @@ class RedisServer:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None else None
 
-    def start(self, timeout: float = 30.0) -> RedisServer:
-        args = [
-            self.binary,
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-            "--dir",
-            str(self.dir),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            *self.extra_args,
-        ]
+    def command(self) -> list[str]:
+        if self.arguments is not None:
+            return [self.binary, *self.arguments]
+        defaults = ["--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.dir)]
+        return [self.binary, *defaults, "--save", "", "--appendonly", "no", "--daemonize", "no", *self.extra_args]
+
+    def client(self) -> redis.Redis:
+        """A client that fails fast (no retries), for checks on the server itself."""
+        return redis.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            socket_connect_timeout=0.5,
+            socket_timeout=5,
+            retry=Retry(NoBackoff(), 0),
+            **self.client_options,
+        )
+
+    def start(self, timeout: float = 30.0) -> Self:
         with open(self.log_path, "ab") as log:  # the server keeps its own descriptor
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        client = self.client()
         try:
-            wait_for(lambda: self._answers(client), timeout, f"redis-server on port {self.port}")
+            wait_for(lambda: self._answers(client), timeout, f"{self.binary} on port {self.port}")
         finally:
             client.close()
         return self
@@ -178,15 +152,14 @@ class RedisServer:
             raise RuntimeError(f"redis-server exited: {self.log_path.read_text(errors='replace')[-2000:]}")
         try:
             return bool(client.ping())
+        except redis.AuthenticationError:  # a ConnectionError too, but waiting will not cure it
+            raise
         except redis.ConnectionError:  # also -LOADING while it reads its append-only file
             return False
 
     def version(self) -> str:
-        client = redis.Redis(port=self.port)
-        try:
+        with self.client() as client:
             return str(client.info("server")["redis_version"])
-        finally:
-            client.close()
 
     def terminate(self, timeout: float = 30.0) -> None:
         """SIGTERM: the server finishes the command at hand, syncs its files and exits; its data stays."""
@@ -206,7 +179,7 @@ class RedisServer:
         self.terminate()
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def __enter__(self) -> RedisServer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

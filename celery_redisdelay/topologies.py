@@ -64,49 +64,6 @@ def _launch(server: RedisServer, needs: str, timeout: float) -> None:
         ) from None
 
 
-class _Server(RedisServer):
-    """A redis-server with its own command line after the binary, awaited with its own client options."""
-
-    def __init__(
-        self, binary: str, arguments: Sequence[str], port: int, directory: Path, **client_options: Any
-    ) -> None:
-        super().__init__(binary, port=port, directory=directory)
-        self.arguments = list(arguments)
-        self.client_options = client_options
-
-    def client(self) -> redis.Redis:
-        return _quick_client(self.port, **self.client_options)
-
-    def start(self, timeout: float = 30.0) -> _Server:
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(
-                [self.binary, *self.arguments], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        client = self.client()
-        try:
-            wait_for(lambda: self._ready(client), timeout, f"{self.binary} on port {self.port}")
-        finally:
-            client.close()
-        return self
-
-    def _ready(self, client: redis.Redis) -> bool:
-        if self.process is not None and self.process.poll() is not None:
-            raise RuntimeError(f"redis-server exited: {self.log_path.read_text(errors='replace')[-2000:]}")
-        try:
-            return bool(client.ping())
-        except redis.AuthenticationError:
-            raise
-        except redis.ConnectionError:
-            return False
-
-    def version(self) -> str:
-        client = self.client()
-        try:
-            return str(client.info("server")["redis_version"])
-        finally:
-            client.close()
-
-
 class _Topology:
     """The processes of one topology, under one temporary directory."""
 
@@ -340,7 +297,7 @@ class LocalSentinel(_Topology):
             lines += [f"sentinel monitor {name} {HOST} {master.port} {self.quorum}"]
             lines += [f"sentinel down-after-milliseconds {name} 1000", f"sentinel failover-timeout {name} 5000"]
             config.write_text("\n".join(lines) + "\n")
-            sentinel = _Server(self.binary, [str(config), "--sentinel"], port, directory)
+            sentinel = RedisServer(self.binary, port=port, directory=directory, arguments=[str(config), "--sentinel"])
             _launch(self._add(sentinel), "run a sentinel", timeout)
         wait_for(lambda: self._settled(master.port, replica.port), timeout, "the sentinels to see master and replica")
 
@@ -450,5 +407,7 @@ class LocalTLS(_Topology):
         arguments += ["--save", "", "--appendonly", "no", "--daemonize", "no"]
         arguments += ["--user", "default", "off", "--user", self.username, "on", f">{self.password}"]
         arguments += ["~*", "&*", "+@all"]
-        server = _Server(self.binary, arguments, self.port, directory, **self._client_options())
+        server = RedisServer(
+            self.binary, port=self.port, directory=directory, arguments=arguments, client_options=self._client_options()
+        )
         _launch(self._add(server), "serve TLS (it was built without TLS, or predates Redis 6)", timeout)

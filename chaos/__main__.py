@@ -51,13 +51,12 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
-
-from celery_redisdelay.testing import exit_on_sigterm
 
 from .config import BROKER_VISIBILITY_TIMEOUT
 from .faults import EARLIEST, KINDS, plan
@@ -179,7 +178,7 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    exit_on_sigterm()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # finally blocks stop what it started
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     run_dir = Path(tempfile.mkdtemp(prefix="redisdelay-chaos-"))
     soak = args.soak is not None

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
+from bench.provenance import software
 from celery_redisdelay import RedisDelay, ValidationReport
-from celery_redisdelay.testing import software
 
 from .analysis import Explainer, WorkerLogs, read_runs, run_counts
 from .cluster import ROOT

@@ -23,7 +23,6 @@ from celery_redisdelay.testing import (
     CeleryProcess,
     RedisServer,
     beat,
-    exit_on_sigterm,
     redis_server_binary,
     wait_for,
     worker,
@@ -185,7 +184,7 @@ def cleanup(processes: list[CeleryProcess], keep_logs: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    exit_on_sigterm()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # finally blocks stop what it started
     started = time.monotonic()
     server: RedisServer | None = None
     processes: list[CeleryProcess] = []
