@@ -36,6 +36,26 @@ def race(delayed: Any, plain: Any, n: int) -> tuple[float, float]:
     return n / ours, n / celery
 
 
+def round_trip_us(ctx: Context, n: int) -> tuple[float, float]:
+    """Microseconds of one EVALSHA of an empty script: through redis-py's command layer, and written and
+    read on one of its connections directly (what the command layer costs is the difference)."""
+    sha = ctx.client.script_load("return 1")
+    started = time.perf_counter()
+    for _ in range(n):
+        ctx.client.evalsha(sha, 0)
+    layered = (time.perf_counter() - started) / n * 1e6
+    connection: Any = ctx.client.connection_pool.get_connection()
+    try:
+        started = time.perf_counter()
+        for _ in range(n):
+            connection.send_command("EVALSHA", sha, 0)
+            connection.read_response()
+        raw = (time.perf_counter() - started) / n * 1e6
+    finally:
+        ctx.client.connection_pool.release(connection)
+    return layered, raw
+
+
 def park_single(ctx: Context) -> dict[str, Any]:
     """Calls/s of a delayed task's ``apply_async(countdown=60)`` vs a plain task's, same broker, one at a
     time: without a result backend, and with a Redis one (Celery subscribes to each result when it sends)."""
@@ -48,7 +68,9 @@ def park_single(ctx: Context) -> dict[str, Any]:
     ):
         ctx.clear(PARK_PLAIN_QUEUE)
         before = bench.rd.stats()["delayed"]
+        ctx.client.config_resetstat()  # the park script's time inside Redis: only our side runs EVALSHA
         ours_rate, celery_rate = race(bench.delayed_noop, bench.plain_noop, n)
+        script_us = float(ctx.client.info("commandstats")["cmdstat_evalsha"]["usec_per_call"])
         parked = bench.rd.stats()["delayed"] - before
         queued = int(ctx.client.llen(PARK_PLAIN_QUEUE))
         if parked != n + WARMUP or queued != n + WARMUP:
@@ -56,6 +78,7 @@ def park_single(ctx: Context) -> dict[str, Any]:
         ctx.clear(PARK_PLAIN_QUEUE)
         found = ratio(ours_rate, celery_rate)
         ctx.say(f"  {name}: ours {ours_rate:,.0f} calls/s, Celery {celery_rate:,.0f} calls/s")
+        ctx.say(f"    a park: {1e6 / ours_rate:,.0f} µs, of which the park script inside Redis {script_us:,.1f} µs")
         rows.append(
             Row(
                 name,
@@ -69,6 +92,10 @@ def park_single(ctx: Context) -> dict[str, Any]:
             ).as_dict()
         )
         details[f"{name} ours/celery"] = [ours_rate, celery_rate]
+        details[f"{name} script_us"] = script_us
+    layered, raw = round_trip_us(ctx, n)
+    ctx.say(f"  an empty script's EVALSHA: {layered:,.0f} µs through redis-py, {raw:,.0f} µs on its connection")
+    details["empty_evalsha_us"] = {"redis_py": layered, "connection": raw}
     return {"rows": rows, "details": details}
 
 
