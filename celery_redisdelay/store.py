@@ -192,8 +192,8 @@ class CallStore:
 
     def reschedule(self, call_id: str, *, countdown_ms: int | None = None, due_ms: int | None = None) -> int | None:
         """Move a parked call to a new due time; the new due time, or None when it is not parked."""
-        due = int(self._run("reschedule", [call_id, *due_args(countdown_ms, due_ms)], f"reschedule call {call_id}"))
-        return None if due < 0 else due
+        due, moved = self.reschedule_many([call_id], countdown_ms=countdown_ms, due_ms=due_ms)
+        return due if moved else None
 
     def claim(self, limit: int, claim_timeout_ms: int) -> list[Claimed]:
         """Take up to ``limit`` due calls for publishing."""
@@ -255,13 +255,15 @@ class CallStore:
         return dropped[0] if dropped else None
 
     def requeue(self, call_id: str) -> int:
-        return int(self._run("requeue", [call_id], f"requeue call {call_id}"))
+        """Requeue a dead-lettered call: 1 requeued, 0 not dead-lettered here, -1 no payload (it stays dead)."""
+        requeued, left = self.requeue_many([call_id])
+        return 1 if requeued else -1 if left else 0
 
     # -- many calls at once (the operator's bulk actions; at most LARGEST_STEP ids per call) ------------
 
     def cancel_many(self, call_ids: Sequence[str]) -> list[Cancelled]:
         """Drop the calls still parked here (1 to 1,000 ids): each dropped call with its payload."""
-        flat = self._run("cancel", _step(call_ids), f"cancel {len(call_ids)} calls")
+        flat = self._run("cancel", _step(call_ids), f"cancel {_which(call_ids)}")
         return [Cancelled(text(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
 
     def reschedule_many(
@@ -271,18 +273,18 @@ class CallStore:
         due, *moved = self._run(
             "reschedule_many",
             [*due_args(countdown_ms, due_ms), *_step(call_ids)],
-            f"reschedule {len(call_ids)} calls",
+            f"reschedule {_which(call_ids)}",
         )
         return int(due), _texts(moved)
 
     def requeue_many(self, call_ids: Sequence[str]) -> tuple[list[str], list[str]]:
         """Requeue the calls dead-lettered here: (ids requeued, ids left dead for want of a payload)."""
-        requeued, left = self._run("requeue_many", _step(call_ids), f"requeue {len(call_ids)} calls")
+        requeued, left = self._run("requeue_many", _step(call_ids), f"requeue {_which(call_ids)}")
         return _texts(requeued), _texts(left)
 
     def purge_many(self, call_ids: Sequence[str]) -> list[str]:
         """Delete the calls dead-lettered here for good; the ids deleted."""
-        return _texts(self._run("purge_many", _step(call_ids), f"purge {len(call_ids)} calls"))
+        return _texts(self._run("purge_many", _step(call_ids), f"purge {_which(call_ids)}"))
 
     # -- batches ----------------------------------------------------------------------------------
 
@@ -439,6 +441,11 @@ class CallStore:
 
 #: The most ids one bulk script call takes (scripts block Redis while they run).
 LARGEST_STEP = 1000
+
+
+def _which(call_ids: Sequence[str]) -> str:
+    """The calls an action names in its error: ``call <id>`` for one."""
+    return f"call {call_ids[0]}" if len(call_ids) == 1 else f"{len(call_ids)} calls"
 
 
 def _step(call_ids: Sequence[str]) -> list[str]:

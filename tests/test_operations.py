@@ -82,6 +82,25 @@ def test_bulk_scripts_change_only_calls_in_their_state(rd: RedisDelay) -> None:
             store.cancel_many(wrong)
 
 
+@pytest.mark.parametrize("how", ["rd.reschedule", "rd.requeue", "run-now", "requeue"])
+def test_a_call_made_due_before_every_other_wakes_the_precise_releaser(rd: RedisDelay, how: str) -> None:
+    [echo] = tasks(rd, 1)
+    later = echo.apply_async((1,), countdown=600).id
+    moved = echo.apply_async((2,), countdown=900).id
+    if how in ("rd.requeue", "requeue"):
+        assert rd.store.bury(moved, "buried by the test")
+    rd.client.delete(rd.keys.wake)
+    if how == "rd.reschedule":
+        assert rd.reschedule(moved, countdown=0) is not None
+    elif how == "rd.requeue":
+        assert rd.requeue(moved)
+    else:
+        done, refused = act_on(rd, how, [moved])
+        assert (done, refused) == ([moved], [])
+    assert rd.client.zrange(rd.keys.wake, 0, -1) == [moved.encode()], "a releaser asleep until the other call"
+    assert rd.find(later).state == "delayed"  # type: ignore[union-attr]
+
+
 def test_a_selection_is_found_in_any_shard_and_cancelled_calls_are_revoked(
     make_app: MakeApp, redis_server: RedisServer
 ) -> None:

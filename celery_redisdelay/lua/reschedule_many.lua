@@ -1,5 +1,5 @@
--- reschedule_many.lua: move parked calls to one new due time, as reschedule.lua does for one ("run now"
--- is a due time of now). A call deferred behind a lock no longer waits for it once moved by hand.
+-- reschedule_many.lua: move parked calls to one new due time ("run now" is a due time of now; one call
+-- is a list of one). A call deferred behind a lock no longer waits for it once moved by hand.
 -- ARGV: 1 'in' (ARGV[2] is a countdown) or 'at' (ARGV[2] is a due time), 2 milliseconds, 3.. the ids (1 to 1000)
 -- Returns: {the due time (ms, server clock), id of each call moved...}; ids not parked here are left out.
 if #ARGV < 3 or #ARGV > 1002 or not tonumber(ARGV[2]) then
