@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 from celery.utils import uuid
-from celery.utils.time import maybe_iso8601
+from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu.exceptions import OperationalError
 from kombu.utils import json
 
@@ -62,7 +62,7 @@ def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
     if properties.get("expiration") is not None and envelope.headers.get("expires"):
         # A TTL relative to now, from the absolute expiry, as Celery's send_task computes it: the one
         # computed at the call is stale by now (and a broker such as RabbitMQ acts on it).
-        left = (maybe_iso8601(envelope.headers["expires"]) - app.now()).total_seconds()
+        left = (maybe_make_aware(maybe_iso8601(envelope.headers["expires"])) - app.now()).total_seconds()
         properties["expiration"] = max(0.0, left)
     producer.publish(
         envelope.body,

@@ -493,6 +493,28 @@ def test_expires_is_kept_absolute_and_the_ttl_is_recomputed_when_kombu_publishes
     )
 
 
+def test_a_naive_expires_datetime_is_released_with_the_ttl_celery_gives_it(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    app, rd = make_app(redisdelay_fast_release=False)
+
+    @rd.delayed
+    def api_naive_expires(x: int) -> int:
+        return x
+
+    @app.task
+    def plain_naive_expires(x: int) -> int:
+        return x
+
+    expires = datetime.now(UTC).replace(tzinfo=None) + timedelta(minutes=10)  # naive: Celery reads it as UTC
+    result = api_naive_expires.apply_async((1,), countdown=0, expires=expires)
+    plain_naive_expires.apply_async((1,), expires=expires)
+    assert rd.tick()["released"] == 1, "released, not dead-lettered as a message that cannot be published"
+    assert rd.find(result.id).state == "inflight"  # type: ignore[union-attr]
+    ours, celerys = [json.loads(m) for m in client.lrange(app.conf.task_default_queue, 0, -1)]
+    assert abs(int(ours["properties"]["expiration"]) - int(celerys["properties"]["expiration"])) <= 1000
+
+
 def test_custom_headers_and_priority_are_kept(rd: RedisDelay) -> None:
     @rd.delayed
     def api_headers(x: int) -> int:
