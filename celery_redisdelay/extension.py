@@ -27,7 +27,7 @@ from .revocation import announce_revoked
 from .schedule import resolve_due
 from .settings import Settings, positive_setting
 from .shards import ShardSet
-from .store import CallStore, Cancelled, Entry, redis_errors
+from .store import LARGEST_STEP, CallStore, Cancelled, Entry, redis_errors
 from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options, combined_base
 from .tracking import DurableRevokeStep
 from .validation import register_validation_tasks
@@ -433,9 +433,13 @@ class RedisDelay:
 
     def dead_letters(self, limit: int = 100, offset: int = 0) -> list[Entry]:
         """A page of dead-lettered calls, oldest first over all shards; each entry's ``meta['why']`` says why."""
-        scanner = Scanner(self, self.shards.all(), "dead", [0] * len(self.shards.all()), chunk=offset + limit)
-        found = [scanner.next() for _ in range(offset + limit)]
-        return [entry for _, entry in filter(None, found)][offset:]
+        stores = self.shards.all()
+        # One shard starts at its offset; merged shards are read from their starts, a bounded step at a time.
+        skip = 0 if len(stores) == 1 else offset
+        offsets = [offset] if len(stores) == 1 else [0] * len(stores)
+        scanner = Scanner(self, stores, "dead", offsets, chunk=max(1, min(skip + limit, LARGEST_STEP)))
+        found = [scanner.next() for _ in range(skip + limit)]
+        return [entry for _, entry in filter(None, found)][skip:]
 
     def tick(self, shards: Sequence[int] | None = None) -> dict[str, int]:
         """Sweep timed-out calls and release due ones (the body of the ``redisdelay.tick`` task): on every

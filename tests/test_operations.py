@@ -18,6 +18,7 @@ from celery_redisdelay import RedisDelay, admin
 from celery_redisdelay.cli import redisdelay
 from celery_redisdelay.listing import Filter
 from celery_redisdelay.operations import act_on, act_on_matching
+from celery_redisdelay.store import CallStore
 from celery_redisdelay.testing import RedisServer
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -182,6 +183,30 @@ def test_a_bulk_action_stops_after_most_calls_and_says_so(rd: RedisDelay) -> Non
 
 
 # -- pages: orders and filters ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["one shard", "three shards"])
+def test_dead_letters_pages_in_order_reading_a_bounded_step(
+    request: pytest.FixtureRequest, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target: RedisDelay = request.getfixturevalue("rd" if layout == "one shard" else "three")
+    [echo] = tasks(target, 1)
+    ids = [echo.apply_async((n,), countdown=600).id for n in range(12)]
+    for call_id in ids:
+        assert target.shards.home(call_id).bury(call_id, "buried by the test")
+    oldest_first = [entry.id for entry in target.dead_letters(100)]
+    assert sorted(oldest_first) == sorted(ids)
+    reads: list[int] = []
+    read = CallStore.read
+
+    def counted(store: CallStore, state: str, offset: int, count: int, **options: Any) -> Any:
+        reads.append(count)
+        return read(store, state, offset, count, **options)
+
+    monkeypatch.setattr(CallStore, "read", counted)
+    assert [entry.id for entry in target.dead_letters(4, 5)] == oldest_first[5:9]
+    assert [entry.id for entry in target.dead_letters(4, 10)] == oldest_first[10:]
+    assert max(reads) <= (4 if layout == "one shard" else 14), "a page reads what it shows, not the whole set"
 
 
 def test_pages_newest_first_by_queue_and_by_arguments(make_app: MakeApp) -> None:
