@@ -84,8 +84,10 @@ def publish_call(app: Celery, producer: Any, call_id: str, payload: bytes) -> No
     stored = decode_stored(payload)
     if isinstance(stored, BatchCall):
         publish_batch(app, producer, call_id, stored)
-    else:
-        publish(app, producer, stored)
+        return
+    if stored.headers.get("id", call_id) != call_id:
+        raise EnvelopeError(f"the stored message is call {stored.headers['id']}'s, not this call's")
+    publish(app, producer, stored)
 
 
 def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:

@@ -7,8 +7,10 @@ loop goes on.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -142,6 +144,22 @@ def test_a_payload_written_by_something_else_is_dead_lettered(
     assert entry.meta["why"]
     assert entry.envelope == payload, "kept as it was, for inspection"
     assert rd.find(good.id).state == "inflight"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("fast", [None, False], ids=["fast path", "kombu path"])
+def test_the_message_of_another_call_whose_id_ends_like_this_one_is_not_pushed(
+    make_app: MakeApp, client: redis.Redis, fast: bool | None
+) -> None:
+    _, rd = make_app(redisdelay_fast_release=fast)
+    echo = task_on(rd)
+    suffix = uuid.uuid4().hex
+    other = echo.apply_async((1,), countdown=600, task_id=f"x{suffix}")
+    this = echo.apply_async((2,), countdown=0, task_id=suffix)
+    client.hset(rd.keys.payloads, this.id, client.hget(rd.keys.payloads, other.id))  # a copy gone wrong
+    rd.tick()
+    pushed = [json.loads(m)["headers"]["id"] for m in client.lrange(rd.app.conf.task_default_queue, 0, -1)]
+    assert other.id not in pushed, "another call's message pushed as this one's"
+    assert rd.find(this.id).state == "dead"  # type: ignore[union-attr]
 
 
 def test_a_zset_member_without_payload_is_dead_lettered(rd: RedisDelay, client: redis.Redis) -> None:

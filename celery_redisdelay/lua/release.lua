@@ -88,9 +88,11 @@ end
 for i, id in ipairs(ids) do
     local payload, raw = payloads[i], raw_metas[i]
     local route = payload and raw and route_of(raw)
-    -- A broker message of this very call: it starts as kombu's do and ends with its own first tag.
+    -- A broker message of this very call: it starts as kombu's do and ends with its own first tag, the
+    -- id whole between the tag's opening quote (byte 34) and '.1"}}' (as message_for checks, without
+    -- building the string).
     if route and string.sub(payload, 1, #MESSAGE_PREFIX) == MESSAGE_PREFIX and string.sub(payload, -5) == FIRST_TAG_END
-        and string.find(payload, id, -(#id + 5), true) then
+        and string.find(payload, id, -(#id + 5), true) and string.byte(payload, -(#id + 6)) == 34 then
         taken[#taken + 1] = id
         push(route[1], payload)
         deadlines[#deadlines + 1] = now + route[2]
