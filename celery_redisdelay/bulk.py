@@ -52,9 +52,8 @@ def park_many(
     def store_of(index: int) -> CallStore:
         return stores[(first_shard + index // CHUNK) % len(stores)]
 
-    ids = [rd.shards.new_id(store_of(0))]
-    ids.extend(rd.shards.new_ids(min(CHUNK, len(every)) - 1, store_of(0)))
-    for start in range(CHUNK, len(every), CHUNK):
+    ids: list[str] = []
+    for start in range(0, len(every), CHUNK):
         ids.extend(rd.shards.new_ids(min(CHUNK, len(every) - start), store_of(start)))
     captured: list[tuple[Envelope, Due, Limits]] = []
     task.apply_async(every[0], kwargs, task_id=ids[0], _redisdelay_capture=captured, **options)

@@ -18,7 +18,6 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from celery.utils import uuid
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from .errors import ConfigurationError, StoreUnavailableError
@@ -114,14 +113,8 @@ class ShardSet:
         return found[:count]
 
     def new_id(self, store: CallStore | None = None) -> str:
-        """A fresh task id; with ``store``, one whose home is that shard (about ``count`` tries)."""
-        if store is None or self.count == 1:
-            return str(uuid())
-        wanted = self.stores.index(store)
-        while True:
-            call_id = str(uuid())
-            if shard_of(call_id, self.count) == wanted:
-                return call_id
+        """A fresh task id; with ``store``, one whose home is that shard."""
+        return self.new_ids(1, store)[0]
 
     def pick(self, indexes: Sequence[int] | None = None) -> list[CallStore]:
         """The configured shards of these indexes (0 to ``count`` - 1), in order; all of them for None."""

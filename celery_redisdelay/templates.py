@@ -76,7 +76,6 @@ class CallTemplate:
         self.app = app
         self.task = envelope.task
         self.fast = fast
-        self.list_key = fast.key if fast is not None else ""
         self.serializer = serializer
         self.embed = embed
         self.argsrepr_maxsize = app.amqp.argsrepr_maxsize

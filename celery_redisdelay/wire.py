@@ -25,8 +25,6 @@ if TYPE_CHECKING:
 
 #: How a stored broker message starts (an envelope starts with ``{"v":``).
 PREFIX = b'{"body": "'
-#: kombu transports that keep messages in Redis lists, in the format stored here.
-REDIS_TRANSPORTS = ("redis", "rediss", "sentinel")
 _DELIVERY_MODES = {"persistent": PERSISTENT_DELIVERY_MODE, "transient": TRANSIENT_DELIVERY_MODE}
 
 
@@ -115,7 +113,7 @@ class Template:
             "exchange": envelope.exchange,
             "routing_key": envelope.routing_key,
         }
-        properties.setdefault("priority", priority)
+        properties["priority"] = priority
         properties.pop("delivery_tag", None)
         properties.update(body_encoding="base64")
         key = layout.list_key(queue, max(0, min(priority, 9)))
@@ -143,13 +141,6 @@ class Template:
         }
         text: str = json.dumps(message)
         return text
-
-
-def build(app: Celery, layout: BrokerLayout, envelope: Envelope) -> tuple[bytes, str] | None:
-    """The stored fast-path form of ``envelope`` and the list it goes to, or None when the generic path
-    must publish it."""
-    template = Template.of(app, layout, envelope)
-    return None if template is None else (template.render(), template.key)
 
 
 def message_for(call_id: str, payload: bytes, delivery: int) -> bytes | None:
