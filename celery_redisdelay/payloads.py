@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from kombu.exceptions import KombuError
-from kombu.serialization import loads
-
 from .envelope import Envelope, EnvelopeError
 from .meta import CallMeta
-from .stored import BatchCall, decode_stored, kind_of
+from .stored import BatchCall, decode_body, decode_stored, kind_of
 
 if TYPE_CHECKING:
     from .extension import RedisDelay
@@ -70,9 +67,9 @@ def decode_payload(rd: RedisDelay, raw: bytes) -> dict[str, Any]:
         described["note"] = "(pickle; not decoded)"
         return described
     try:
-        body = loads(envelope.body, envelope.content_type, envelope.content_encoding, accept={envelope.content_type})
-    except (KombuError, ValueError, TypeError) as exc:
-        described["note"] = f"(undecodable {envelope.content_type} body: {exc})"
+        body = decode_body(envelope, accept={envelope.content_type})
+    except EnvelopeError as exc:
+        described["note"] = f"({exc})"
         return described
     if isinstance(body, list | tuple) and len(body) == 3:  # protocol 2: (args, kwargs, embed)
         described.update(args=body[0], kwargs=body[1], decoded=True)

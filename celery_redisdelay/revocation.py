@@ -13,12 +13,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from celery.app.task import Context
-from kombu.compression import decompress
-from kombu.exceptions import KombuError
-from kombu.serialization import loads
 
 from .envelope import EnvelopeError
-from .stored import BatchCall, decode_stored
+from .stored import BatchCall, decode_body, decode_stored
 
 if TYPE_CHECKING:
     from .extension import RedisDelay
@@ -39,12 +36,9 @@ def request_of(call_id: str, payload: bytes, accept: Any = None) -> Context:
         return Context(fields)
     fields.update(envelope.headers)
     fields["id"] = call_id
-    body = envelope.body
     try:
-        if envelope.headers.get("compression"):
-            body = decompress(body, envelope.headers["compression"])
-        decoded = loads(body, envelope.content_type, envelope.content_encoding, accept=accept)
-    except (KombuError, ValueError, TypeError) as exc:
+        decoded = decode_body(envelope, accept)
+    except EnvelopeError as exc:
         logger.debug("redisdelay: the arguments of call %s are not readable here: %r", call_id, exc)
         return Context(fields)
     if isinstance(decoded, list | tuple) and len(decoded) == 3:  # protocol 2: (args, kwargs, embed)

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kombu.compression import decompress
+from kombu.serialization import loads
 from kombu.utils import json
 
 from . import wire
@@ -57,6 +59,19 @@ def decode_stored(raw: bytes) -> Envelope | BatchCall:
     if raw.startswith(MESSAGE_PREFIX):
         return wire.to_envelope(raw)
     return Envelope.decode(raw)
+
+
+def decode_body(envelope: Envelope, accept: Any) -> Any:
+    """The body of a stored message decoded as a worker decodes it: decompressed (the ``compression``
+    header), then deserialized with ``accept``. :class:`EnvelopeError` says why a body cannot be; every
+    codec fails in its own way (``zlib.error``, ``OSError``, an unknown codec's ``KeyError``, ...)."""
+    try:
+        body = envelope.body
+        if envelope.headers.get("compression"):
+            body = decompress(body, envelope.headers["compression"])
+        return loads(body, envelope.content_type, envelope.content_encoding, accept=accept)
+    except Exception as exc:
+        raise EnvelopeError(f"undecodable {envelope.content_type} body: {exc!r}") from exc
 
 
 def encode_stored(

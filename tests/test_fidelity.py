@@ -10,6 +10,7 @@ import base64
 import json
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import celery
@@ -19,7 +20,8 @@ from celery import Celery
 from celery.exceptions import TaskRevokedError
 from kombu import Exchange, Queue
 
-from celery_redisdelay import ConfigurationError, RedisDelay
+from celery_redisdelay import ConfigurationError, RedisDelay, admin
+from celery_redisdelay.envelope import Envelope
 from celery_redisdelay.stored import decode_stored
 from celery_redisdelay.tracking import drop_revoked
 from celery_redisdelay.wire import PREFIX
@@ -182,6 +184,25 @@ def test_cancel_marks_the_result_revoked(make_app: MakeApp, redis_server: Any) -
         result.get(timeout=5)
     assert rd.cancel(result.id) is False
     assert int(rd.client.hget(rd.keys.counters, "cancelled")) == 1
+
+
+def test_a_compressed_call_is_read_as_a_worker_reads_it_and_a_broken_one_still_cancels(
+    make_app: MakeApp, redis_server: Any
+) -> None:
+    _, rd = with_backend(make_app, redis_server)
+    echo = echo_on(rd)
+    readable = echo.apply_async((1, "two"), countdown=60, compression="zlib")
+    shown = admin.describe(rd, readable.id)
+    assert shown is not None and (shown["payload"]["args"], shown["payload"].get("note")) == ([1, "two"], None)
+
+    broken = echo.apply_async((3,), countdown=60, compression="zlib")
+    envelope = decode_stored(rd.client.hget(rd.keys.payloads, broken.id))
+    assert isinstance(envelope, Envelope)
+    rd.client.hset(rd.keys.payloads, broken.id, replace(envelope, body=b"not zlib at all").encode())
+    shown = admin.describe(rd, broken.id)
+    assert shown is not None and "undecodable" in shown["payload"]["note"]
+    assert rd.cancel(broken.id) is True, "an unreadable body does not stop a cancel"
+    assert broken.state == "REVOKED"
 
 
 def test_cancel_of_an_ignored_result_stores_nothing(make_app: MakeApp, redis_server: Any) -> None:
