@@ -58,14 +58,13 @@ def park_many(
     captured: list[tuple[Envelope, Due, Limits]] = []
     task.apply_async(every[0], kwargs, task_id=ids[0], _redisdelay_capture=captured, **options)
     [(envelope, due, limits)] = captured
-    serializer = options.get("serializer") or task.serializer or app.conf.task_serializer
     first, fast = encode_stored(app, rd.broker_layout if rd.wire_format else None, envelope)
     template = CallTemplate.of(
         app,
         envelope,
         first,
         fast,
-        serializer,
+        given=(every[0], kwargs),
         fixed_reprs=("argsrepr" in options, "kwargsrepr" in options),
         per_call_only=False,
     )

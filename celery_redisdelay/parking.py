@@ -8,8 +8,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from kombu import serialization
-
 from .envelope import Envelope
 from .kept import Kept, TemplateKey
 from .meta import CallMeta, Limits, meta_json, routed
@@ -33,12 +31,14 @@ def parking_producer(
     key: str = "",
     capture: list[tuple[Envelope, Due, Limits]] | None = None,
     learn: TemplateKey | None = None,
+    given: tuple[Any, Any] | None = None,
 ) -> Iterator[ParkingProducer]:
     """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
 
     ``mode`` ``unique`` or ``debounce`` parks it under ``key`` (see :meth:`CallStore.park_keyed`);
     the producer's ``outcome`` then tells what the store did. With ``learn``, a template of the call
-    is kept under that key (see :mod:`celery_redisdelay.templates`) for the calls like it.
+    is kept under that key (see :mod:`celery_redisdelay.templates`) for the calls like it; ``given``
+    are the caller's args and kwargs it is checked with.
     """
 
     def park(envelope: Envelope) -> tuple[int, str]:
@@ -53,10 +53,9 @@ def parking_producer(
             task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
         )
         if learn is not None:
-            given = dict(learn.options)
-            serializer = serialization.registry.type_to_name.get(envelope.content_type)
-            fixed = ("argsrepr" in given, "kwargsrepr" in given)
-            template = CallTemplate.of(rd.app, envelope, encoded, fast, serializer, fixed_reprs=fixed)
+            options = dict(learn.options)
+            fixed = ("argsrepr" in options, "kwargsrepr" in options)
+            template = CallTemplate.of(rd.app, envelope, encoded, fast, given=given, fixed_reprs=fixed)
             rd.templates.keep(learn, template, stored_meta)
         return status, holder
 

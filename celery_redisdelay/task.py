@@ -186,7 +186,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             if kept is not None:
                 return park_from(rd, kept, self, call_id, args, kwargs, due, mode, key)
             learn = kept_key if rd.templates.wanted(kept_key) else None
-            with parking_producer(rd, call_id, due, limits, mode, key, capture, learn) as parking:
+            given = (args, kwargs) if learn is not None else None
+            with parking_producer(rd, call_id, due, limits, mode, key, capture, learn, given) as parking:
                 try:
                     build(call_id, parking, dict(options))
                 except OperationalError as exc:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery.utils.saferepr import saferepr
 from kombu.exceptions import EncodeError, KombuError
-from kombu.serialization import dumps, loads
+from kombu.serialization import dumps, loads, registry
 from kombu.utils import json as kombu_json
 
 from .envelope import Envelope
@@ -110,14 +110,16 @@ class CallTemplate:
         envelope: Envelope,
         stored: bytes,
         fast: wire.Template | None,
-        serializer: str | None,
         *,
+        given: tuple[Any, Any] | None = None,
         fixed_reprs: tuple[bool, bool] = (False, False),
         per_call_only: bool = True,
     ) -> CallTemplate | None:
         """The template of calls like ``envelope`` (stored as ``stored``), or None when a template cannot
-        render them exactly: compression, a body not in ``serializer``, an envelope body that is not
-        text, or a render of this very call that differs from ``stored``.
+        render them exactly: compression, a serializer kombu does not name, an envelope body that is not
+        text, or a render of this very call that differs from ``stored``. ``given`` are the caller's own
+        args and kwargs, rendered for that check as given (a list stays a list in ``argsrepr``); without
+        them, the ones decoded from the body.
 
         With ``per_call_only`` (templates kept for later calls), a message with anything computed at
         the call besides the id and arguments is refused too: a parent, an expiry, a group, callbacks.
@@ -125,6 +127,7 @@ class CallTemplate:
         """
         headers = envelope.headers
         call_id = headers.get("id")
+        serializer = registry.type_to_name.get(envelope.content_type)
         if (
             serializer is None
             or not isinstance(call_id, str)
@@ -150,9 +153,10 @@ class CallTemplate:
             return None
         template = cls(app, envelope, fast, serializer, embed, fixed_reprs)
         reply_to = envelope.properties.get("reply_to")
+        args, kwargs = (given[0] or (), given[1] or {}) if given is not None else (tuple(args), kwargs)
         try:
-            again = template.render(call_id, tuple(args), kwargs, reply_to)
-            joined = template.render(call_id, tuple(args), kwargs, reply_to, body_rest=template.body_rest(kwargs))
+            again = template.render(call_id, args, kwargs, reply_to)
+            joined = template.render(call_id, args, kwargs, reply_to, body_rest=template.body_rest(kwargs))
         except PayloadError:
             return None
         return template if again == joined == stored else None

@@ -133,6 +133,28 @@ def test_a_call_rendered_from_a_template_is_stored_as_celery_builds_it(
         assert rd.find(rendered.id).meta == rd.find(built.id).meta  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("first", [[1, 2], ((1, 2),), (1, 2)], ids=["a list", "a nested tuple", "a tuple"])
+def test_calls_with_list_or_nested_tuple_arguments_get_a_template_too(rd: RedisDelay, first: Any) -> None:
+    @rd.delayed(name="tests.templates.lists")
+    def lists(*args: Any) -> None: ...
+
+    def stored(call_id: str) -> bytes:
+        entry = rd.find(call_id)
+        assert entry is not None and entry.envelope is not None
+        return entry.envelope.replace(call_id.encode(), b"<id>")
+
+    for _ in range(2):  # the second call of a kind leaves a template, whatever form its args take
+        lists.apply_async(first, countdown=60)
+    kept = rd.templates
+    assert len(kept._made) == 1
+    for args in ([3, [4]], ((5, 6), 7), (8,)):
+        rd.templates = kept
+        rendered = lists.apply_async(args, countdown=60, task_id=f"r-{uuid.uuid4()}")
+        rd.templates = TemplateCache()
+        built = lists.apply_async(args, countdown=60, task_id=f"b-{uuid.uuid4()}")
+        assert stored(rendered.id) == stored(built.id)
+
+
 def test_a_kept_template_serves_only_calls_built_alike(rd: RedisDelay) -> None:
     """The options ``apply_async`` takes by name (link, link_error, shadow) count as the others do, and
     a call by name (``send_task``, whose message differs) does not borrow ``apply_async``'s template."""
