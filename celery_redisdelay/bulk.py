@@ -84,6 +84,8 @@ def park_many(
             # with the same kwargs, one call of each length tells for all.
             check_arguments(*args, **(kwargs or {}))
             fitting.add(len(args))
+        if task.lock is not None:
+            task.lock_name(args, kwargs or {})  # a lock its arguments cannot name is refused, as by apply_async
         call_id = ids[index]
         try:
             stored = template.render(call_id, args, kwargs or {}, reply_to, kwargsrepr, body_rest)

@@ -6,6 +6,7 @@ import inspect
 import logging
 import string
 from collections.abc import Callable, Iterable, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from celery import Task
@@ -303,11 +304,15 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
 
     # -- the lock a call holds while it runs ---------------------------------------------------------
 
+    @cached_property
+    def _run_signature(self) -> inspect.Signature:
+        return inspect.signature(self.run)
+
     def lock_name(self, args: Any, kwargs: Any) -> str:
         """The name of the lock this call holds: the ``lock`` template filled with the call's arguments."""
         assert self.lock is not None
         try:
-            bound = inspect.signature(self.run).bind(*args, **kwargs)
+            bound = self._run_signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.name}() called with arguments that do not fit its signature: {exc}") from exc
         bound.apply_defaults()

@@ -11,7 +11,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_redisdelay import PayloadError, RedisDelay
+from celery_redisdelay import ConfigurationError, PayloadError, RedisDelay
 from celery_redisdelay.stored import decode_stored
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -65,6 +65,17 @@ def test_bad_arguments_store_nothing(rd: RedisDelay) -> None:
         add.park_many([(1, 2), (3, object()), (5, 6)], countdown=60)
     with pytest.raises(TypeError):
         add.park_many([(1, 2), (3,)], countdown=60)
+    assert rd.stats()["delayed"] == 0
+
+
+def test_a_call_whose_lock_its_arguments_cannot_name_stores_nothing_as_in_apply_async(rd: RedisDelay) -> None:
+    @rd.delayed(name="tests.bulk.locked", lock="order:{items[0]}")
+    def locked(items: list[int]) -> None: ...
+
+    with pytest.raises(ConfigurationError, match="cannot be filled"):
+        locked.apply_async(([],), countdown=60)
+    with pytest.raises(ConfigurationError, match="cannot be filled"):
+        locked.park_many([([1],), ([],), ([3],)], countdown=60)
     assert rd.stats()["delayed"] == 0
 
 
