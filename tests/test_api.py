@@ -690,6 +690,32 @@ def test_beat_init_of_another_app_leaves_this_schedule_alone(make_app: MakeApp) 
 # -- Celery's publish signals -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fast", [None, False], ids=["fast path", "kombu path"])
+def test_publish_signals_fire_once_per_call_as_for_a_plain_task_and_not_again_at_release(
+    make_app: MakeApp, connected: Callable[[Any, Callable[..., None]], None], fast: bool | None
+) -> None:
+    app, rd = make_app(redisdelay_fast_release=fast)
+
+    @rd.delayed(name="test_api.hooked", shared=False)
+    def hooked(x: int) -> int:
+        return x
+
+    @app.task(name="test_api.plain_hooked", shared=False)
+    def plain_hooked(x: int) -> int:
+        return x
+
+    seen: list[tuple[str, str]] = []
+    connected(signals.before_task_publish, lambda sender=None, headers=None, **_: seen.append(("before", sender)))
+    connected(signals.after_task_publish, lambda sender=None, headers=None, **_: seen.append(("after", sender)))
+    for n in range(3):
+        hooked.apply_async((n,), countdown=0)
+        plain_hooked.apply_async((n,), countdown=0)
+    assert rd.tick()["released"] == 3
+    ours = [when for when, sender in seen if sender == "test_api.hooked"]
+    plain = [when for when, sender in seen if sender == "test_api.plain_hooked"]
+    assert ours == plain == ["before", "after"] * 3, "once at the call, none at the release"
+
+
 def test_before_task_publish_sees_the_call_and_can_add_a_header(
     rd: RedisDelay, connected: Callable[[Any, Callable[..., None]], None]
 ) -> None:
