@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import weakref
@@ -408,12 +409,18 @@ class RedisDelay:
 
         cancelled = on_shards(self.shards, task_ids, cancel)[0]
         failed = []
-        for call in dropped:
-            try:
-                announce_revoked(self, call.id, call.payload)
-            except Exception as exc:  # noqa: BLE001 - every call is recorded that can be; then the error
-                logger.warning("redisdelay: cancelled %s but could not record it revoked: %r", call.id, exc)
-                failed.append(call.id)
+        with contextlib.ExitStack() as stack:
+            # One event dispatcher for the lot, where task-revoked events are sent at all.
+            dispatcher = None
+            if self.app.conf.worker_send_task_events and len(dropped) > 1:
+                with contextlib.suppress(Exception):  # then each call tries on its own, and says if it fails
+                    dispatcher = stack.enter_context(self.app.events.default_dispatcher())
+            for call in dropped:
+                try:
+                    announce_revoked(self, call.id, call.payload, dispatcher=dispatcher)
+                except Exception as exc:  # noqa: BLE001 - every call is recorded that can be; then the error
+                    logger.warning("redisdelay: cancelled %s but could not record it revoked: %r", call.id, exc)
+                    failed.append(call.id)
         if failed:
             raise RedisDelayError(
                 f"{len(failed)} cancelled call(s) will not run, but their result could not be marked revoked "

@@ -10,6 +10,7 @@ belongs to counts it, and send the ``task-revoked`` event when task events are o
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from celery.app.task import Context
@@ -47,8 +48,11 @@ def request_of(call_id: str, payload: bytes, accept: Any = None) -> Context:
     return Context(fields)
 
 
-def announce_revoked(rd: RedisDelay, call_id: str, payload: bytes, reason: str = "revoked") -> None:
-    """Record a parked call that was dropped unrun as Celery records a revoked task."""
+def announce_revoked(
+    rd: RedisDelay, call_id: str, payload: bytes, reason: str = "revoked", dispatcher: Any = None
+) -> None:
+    """Record a parked call that was dropped unrun as Celery records a revoked task. ``dispatcher``: an
+    event dispatcher to send ``task-revoked`` with (one for many calls), else the app's default one."""
     app = rd.app
     request = request_of(call_id, payload, rd.accepted_content_types)
     name = vars(request).get("task")
@@ -61,5 +65,5 @@ def announce_revoked(rd: RedisDelay, call_id: str, payload: bytes, reason: str =
     backend = task.backend if task is not None else app.backend
     backend.mark_as_revoked(call_id, reason, request=request, store_result=store)
     if app.conf.worker_send_task_events and getattr(task, "send_events", True):
-        with app.events.default_dispatcher() as dispatcher:
-            dispatcher.send("task-revoked", uuid=call_id, terminated=False, signum=None, expired=False)
+        with nullcontext(dispatcher) if dispatcher is not None else app.events.default_dispatcher() as sender:
+            sender.send("task-revoked", uuid=call_id, terminated=False, signum=None, expired=False)

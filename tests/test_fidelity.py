@@ -9,8 +9,10 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import celery
@@ -203,6 +205,26 @@ def test_a_compressed_call_is_read_as_a_worker_reads_it_and_a_broken_one_still_c
     assert shown is not None and "undecodable" in shown["payload"]["note"]
     assert rd.cancel(broken.id) is True, "an unreadable body does not stop a cancel"
     assert broken.state == "REVOKED"
+
+
+def test_cancel_many_sends_task_revoked_for_each_call_through_one_dispatcher(
+    make_app: MakeApp, redis_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app, rd = with_backend(make_app, redis_server, worker_send_task_events=True)
+    echo = echo_on(rd)
+    ids = [echo.apply_async((n,), countdown=60).id for n in range(3)]
+    opened: list[list[str]] = []
+
+    @contextmanager
+    def dispatcher() -> Iterator[Any]:
+        sent: list[str] = []
+        opened.append(sent)
+        yield SimpleNamespace(send=lambda kind, uuid, **fields: sent.append(f"{kind} {uuid}"))
+
+    monkeypatch.setattr(app.events, "default_dispatcher", dispatcher)
+    assert sorted(rd.cancel_many(ids)) == sorted(ids)
+    assert len(opened) == 1 and sorted(opened[0]) == sorted(f"task-revoked {i}" for i in ids)
+    assert [app.AsyncResult(i).state for i in ids] == ["REVOKED"] * 3
 
 
 def test_cancel_of_an_ignored_result_stores_nothing(make_app: MakeApp, redis_server: Any) -> None:
