@@ -4,6 +4,8 @@ app, and ``celery -A ... redisdelay web`` serving it with waitress."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
 import signal
@@ -13,17 +15,22 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import Celery
+from click.testing import CliRunner, Result
 from flask.testing import FlaskClient
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 from werkzeug.test import Client
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.cli import redisdelay
 from celery_redisdelay.testing import RedisServer, free_port, wait_for
-from celery_redisdelay.web import create_app
+from celery_redisdelay.web import create_app, overview
+from celery_redisdelay.web.board import ACTION_BUDGET
+from celery_redisdelay.web.security import CONTENT_SECURITY_POLICY
 from tests.conftest import ROOT
 from tests.web_proj import shop_tasks
 
@@ -141,8 +148,8 @@ def test_filters_orders_and_pages_are_bookmarkable_links(shop: tuple[RedisDelay,
     while url is not None:
         html = page(client, url)
         seen += ids_on(html)
-        found = re.search(r'href="([^"]+)" rel="next"', html)
-        url = found.group(1).replace("&amp;", "&") if found else None
+        link = re.search(r'href="([^"]+)" rel="next"', html)
+        url = link.group(1).replace("&amp;", "&") if link else None
         assert url is None or ("task=billing.tasks.send_invoice" in url and "cursor=" in url)
     assert seen == ids["invoice"]
 
@@ -313,3 +320,212 @@ def test_the_web_command_serves_until_sigterm(redis_server: RedisServer) -> None
             server.wait()
     assert server.returncode == 0, output
     assert f"serving on http://127.0.0.1:{port}/" in output and "redisdelay web: stopped" in output
+
+
+# -- README promises: headers, cookie, shared secret, the command's guards, bulk limits --------------
+
+
+def test_every_response_carries_the_security_headers(shop: tuple[RedisDelay, dict[str, Any]]) -> None:
+    """Pages, error pages, confirmation pages, redirects after an action, and the refusals of the guards."""
+    rd, tasks = shop
+    call_id = park(tasks)["invoice"][0]
+    client = client_of(rd)
+    csrf = token(client)
+    responses = {
+        "overview": client.get("/"),
+        "list": client.get("/calls/delayed"),
+        "call": client.get(f"/call/{call_id}"),
+        "404": client.get("/call/nope"),
+        "400": client.get("/calls/delayed?limit=0"),
+        "redirect": client.get(f"/find?id={call_id}"),
+        "confirm": client.post(f"/call/{call_id}/cancel", data={"csrf_token": csrf}),
+        "action": client.post(f"/call/{call_id}/run-now", data={"csrf_token": csrf}),
+        "csrf refused": client.post(f"/call/{call_id}/run-now"),
+        "read-only refused": client_of(rd, read_only=True).post(f"/call/{call_id}/run-now"),
+        "auth refused": client_of(rd, auth="ops:s3cret").get("/"),
+    }
+    assert [response.status_code for response in responses.values()] == [
+        200,
+        200,
+        200,
+        404,
+        400,
+        302,
+        200,
+        302,
+        400,
+        403,
+        401,
+    ]
+    for name, response in responses.items():
+        assert response.headers.get("Content-Security-Policy") == CONTENT_SECURITY_POLICY, name
+        assert response.headers.get("X-Frame-Options") == "DENY", name
+        assert response.headers.get("Cache-Control") == "no-store", name
+    for directive in ("default-src 'none'", "script-src 'self'", "style-src 'self'", "img-src 'self' data:"):
+        assert directive in CONTENT_SECURITY_POLICY
+    assert "form-action 'self'" in CONTENT_SECURITY_POLICY and "frame-ancestors 'none'" in CONTENT_SECURITY_POLICY
+
+
+def test_static_files_carry_the_security_headers_too(shop: tuple[RedisDelay, dict[str, Any]]) -> None:
+    rd, _ = shop
+    client = client_of(rd)
+    for url in ("/static/dashboard.css", "/static/dashboard.js", "/static/favicon.svg"):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        assert response.headers.get("Content-Security-Policy") == CONTENT_SECURITY_POLICY, url
+        assert response.headers.get("X-Frame-Options") == "DENY", url
+        assert response.headers.get("Cache-Control") == "no-store", url
+
+
+def test_the_flash_cookie_is_samesite_strict_and_httponly(shop: tuple[RedisDelay, dict[str, Any]]) -> None:
+    rd, _ = shop
+    client = client_of(rd)
+    form = {"csrf_token": token(client), "action": "cancel", "scope": "selected", "confirmed": "1"}
+    flashed = post(client, "/calls/delayed/act", form)
+    [cookie] = flashed.headers.getlist("Set-Cookie")
+    attributes = {part.strip().split("=", 1)[0].lower(): part.strip() for part in cookie.split(";")}
+    assert cookie.startswith("redisdelay_session="), "its own name, not the session cookie of a host app"
+    assert attributes.get("samesite") == "SameSite=Strict" and "httponly" in attributes, cookie
+    assert "Select some calls first" in page(client, flashed.location)
+
+
+def test_apps_with_the_same_secret_accept_each_others_token_and_cookie(shop: tuple[RedisDelay, dict[str, Any]]) -> None:
+    """Several processes behind one address: a form from one, posted to another."""
+    rd, tasks = shop
+    ids = park(tasks)["invoice"]
+    first, second, other = (client_of(rd, secret=secret) for secret in ("shared", "shared", "another"))
+    before = score(rd, ids[0])
+    csrf = token(first)
+    assert csrf == token(second) != token(other) != token(client_of(rd))
+    assert other.post(f"/call/{ids[0]}/run-now", data={"csrf_token": csrf}).status_code == 400
+    assert client_of(rd).post(f"/call/{ids[0]}/run-now", data={"csrf_token": csrf}).status_code == 400, "random"
+    assert score(rd, ids[0]) == before, "refused: nothing was done"
+
+    moved = post(second, f"/call/{ids[0]}/run-now", {"csrf_token": csrf})
+    assert score(rd, ids[0]) < before  # type: ignore[operator]
+    cookie = second.get_cookie("redisdelay_session")
+    assert cookie is not None
+    first.set_cookie("redisdelay_session", cookie.value)
+    other.set_cookie("redisdelay_session", cookie.value)
+    assert "made due now" in page(first, moved.location), "the flash cookie is signed with the same secret"
+    assert "made due now" not in page(other, moved.location)
+
+
+def test_the_web_command_refuses_an_auth_without_colon_and_warns_off_loopback(
+    shop: tuple[RedisDelay, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rd, _ = shop
+    served: list[tuple[Any, str, int, int]] = []
+
+    def serve(app: Any, host: str, port: int, threads: int, say: Callable[[str], None]) -> None:
+        served.append((app, host, port, threads))
+
+    monkeypatch.setattr("celery_redisdelay.web.serve", serve)
+    monkeypatch.delenv("REDISDELAY_WEB_AUTH", raising=False)
+
+    def web(*args: str, **env: str) -> Result:
+        return CliRunner().invoke(redisdelay, ["web", *args], obj=SimpleNamespace(app=rd.app), env=env)
+
+    refused = web(REDISDELAY_WEB_AUTH="nopassword")
+    assert refused.exit_code == 2 and "user:password" in refused.stderr and "--auth" in refused.stderr
+    assert not served, "nothing is served with a bad --auth"
+
+    everywhere = web("--host", "0.0.0.0", "--port", "0")
+    assert everywhere.exit_code == 0, everywhere.output
+    assert "WARNING: listening on 0.0.0.0 without --auth" in everywhere.stderr
+    assert "WARNING" not in everywhere.stdout, "the warning goes to stderr"
+    assert served[-1][1:] == ("0.0.0.0", 0, 4)
+
+    guarded = web("--host", "0.0.0.0", REDISDELAY_WEB_AUTH="ops:s3cret")
+    loopback = web()
+    assert guarded.exit_code == loopback.exit_code == 0 and "WARNING" not in guarded.stderr + loopback.stderr
+    assert [call[1:] for call in served[-2:]] == [("0.0.0.0", 5556, 4), ("127.0.0.1", 5556, 4)]
+    assert page(served[-2][0].test_client(), "/", 401, auth=("ops", "wrong")) and page(
+        served[-2][0].test_client(), "/", auth=("ops", "s3cret")
+    ), "the auth came from REDISDELAY_WEB_AUTH"
+
+
+def test_everything_matching_stops_when_its_time_budget_is_spent(shop: tuple[RedisDelay, dict[str, Any]]) -> None:
+    rd, tasks = shop
+    invoices = park(tasks)["invoice"]
+    assert inspect.signature(create_app).parameters["budget"].default == ACTION_BUDGET == 20, "README: 20 seconds"
+    client = client_of(rd, budget=0)
+    form = {
+        "csrf_token": token(client),
+        "action": "cancel",
+        "scope": "matching",
+        "task": "billing.tasks.send_invoice",
+        "scan": "3",
+        "confirmed": "1",
+    }
+    first = client.post("/calls/delayed/act", data=form, follow_redirects=True).text
+    assert re.search(r"\d+ calls cancelled \(\d+ entries read\); stopped after 0 s with \d+ calls done; run it", first)
+    left = [call_id for call_id in invoices if score(rd, call_id) is not None]
+    assert 0 < len(left) < len(invoices), "it stopped part of the way"
+
+    for _ in range(len(invoices)):  # each run carries on where the last stopped
+        again = client.post("/calls/delayed/act", data=form, follow_redirects=True).text
+        if "stopped after" not in again:
+            break
+    assert [score(rd, call_id) for call_id in invoices] == [None] * len(invoices)
+    assert rd.stats()["delayed"] == 8, "the other tasks' calls are untouched"
+
+
+def test_the_flash_after_a_selection_says_how_many_had_left(shop: tuple[RedisDelay, dict[str, Any]]) -> None:
+    rd, tasks = shop
+    ids = park(tasks)
+    client = client_of(rd)
+    csrf = token(client)
+    gone, kept = ids["invoice"][0], ids["invoice"][1]
+    assert rd.cancel(gone)
+
+    form = {"csrf_token": csrf, "action": "cancel", "scope": "selected", "ids": [gone, kept], "confirmed": "1"}
+    done = client.post("/calls/delayed/act", data=form, follow_redirects=True).text
+    assert "1 of 2 selected calls cancelled; 1 had left the delayed set." in done
+    assert score(rd, kept) is None
+
+    reminders = ids["reminder"]
+    for call_id in reminders:
+        assert rd.shards.home(call_id).bury(call_id, "buried by the test")
+    post(client, f"/call/{reminders[0]}/purge", {"csrf_token": csrf, "confirmed": "1"})
+    form = {"csrf_token": csrf, "action": "requeue", "scope": "selected", "ids": reminders, "confirmed": "1"}
+    requeued = client.post("/calls/dead/act", data=form, follow_redirects=True).text
+    assert "2 of 3 selected calls requeued; 1 had left the dead set." in requeued
+
+
+def test_the_split_by_task_is_estimated_from_a_sample_above_its_size(
+    shop: tuple[RedisDelay, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rd, tasks = shop
+    park(tasks)  # 8 invoices, 5 orders, 3 reminders: 16 parked calls over two shards
+    assert overview.SAMPLE == 2000 and inspect.signature(overview.tasks_sample).parameters["sample"].default == 2000
+    client = client_of(rd)
+    sampled = overview.tasks_sample
+
+    monkeypatch.setattr(overview, "tasks_sample", functools.partial(sampled, sample=16))
+    exact = page(client, "/")
+    assert "all 16 parked calls" in exact and "estimated from" not in exact, "exact up to the sample size"
+    assert re.search(r">8</text>", exact) and "~" not in re.sub(r"<(script|style)[^>]*>.*?</\1>", "", exact)
+
+    monkeypatch.setattr(overview, "tasks_sample", functools.partial(sampled, sample=6))
+    estimated = page(client, "/")
+    found = re.search(r"estimated from (\d+) of 16 parked calls, sampled evenly", estimated)
+    assert found and 0 < int(found.group(1)) < 16, "above it, a sample of each shard, and the page says so"
+    assert "all 16 parked calls" not in estimated and re.search(r">~\d+</text>", estimated)
+
+
+def test_purging_one_dead_call_asks_first(shop: tuple[RedisDelay, dict[str, Any]]) -> None:
+    rd, tasks = shop
+    call_id = park(tasks)["reminder"][0]
+    assert rd.shards.home(call_id).bury(call_id, "buried by the test")
+    client = client_of(rd)
+    csrf = token(client)
+
+    asked = post(client, f"/call/{call_id}/purge", {"csrf_token": csrf}, 200).text
+    assert f"Purge call {call_id}?" in asked and 'name="confirmed" value="1"' in asked
+    assert f'action="/call/{call_id}/purge"' in asked, "the button posts the same action again"
+    assert rd.find(call_id).state == "dead"  # type: ignore[union-attr]
+    assert "purged" not in page(client, f"/call/{call_id}"), "nothing done, nothing flashed"
+
+    done = client.post(f"/call/{call_id}/purge", data={"csrf_token": csrf, "confirmed": "1"}, follow_redirects=True)
+    assert f"Call {call_id} purged." in done.text and rd.find(call_id) is None

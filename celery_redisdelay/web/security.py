@@ -84,5 +84,5 @@ class Guard:
     @staticmethod
     def after_request(response: Response) -> Response:
         for name, value in HEADERS.items():
-            response.headers.setdefault(name, value)
+            response.headers[name] = value  # over Flask's own (static files come with Cache-Control: no-cache)
         return response
