@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from .broker_redis import is_redis_transport
 from .connection import is_cluster
 from .errors import ConfigurationError
 from .store import text
@@ -49,11 +50,10 @@ def config_problems(rd: RedisDelay) -> list[str]:
     broker's ``visibility_timeout`` (one hour by default): a run longer than that under
     ``acks_late``, or a message waiting in a worker's prefetch buffer that long.
     """
-    conf = rd.app.conf
-    options = conf.get("broker_transport_options") or {}
-    broker = str(conf.get("broker_url") or "")
-    if not broker.startswith(("redis://", "rediss://", "sentinel://", "unix://")):
-        return []
+    with rd.app.connection_for_read() as connection:  # as kombu reaches the broker; nothing connects yet
+        if not is_redis_transport(connection):
+            return []
+        options = connection.transport_options or {}
     broker_timeout = float(options.get("visibility_timeout", 3600))
     problems = []
     runs = {

@@ -179,6 +179,24 @@ def test_a_queue_timeout_shorter_than_the_broker_visibility_timeout_is_reported(
     assert fine.check_config() == []
 
 
+@pytest.mark.parametrize(
+    "broker",
+    ["list of URLs", "redis+socket", "write URL"],
+)
+def test_the_check_knows_a_redis_broker_as_kombu_does(make_app: MakeApp, redis_server: Any, broker: str) -> None:
+    url = f"{redis_server.url}/0"
+    conf: dict[str, Any] = {
+        "list of URLs": {"broker_url": [url, url]},
+        "redis+socket": {"broker_url": "redis+socket:///tmp/redis.sock"},
+        "write URL": {"broker_url": url, "broker_read_url": url},
+    }[broker]
+    _, rd = make_app(redisdelay_url=url, redisdelay_queue_timeout=60, **conf)
+    [problem] = rd.check_config()
+    assert "redisdelay_queue_timeout (60 s)" in problem
+    _, memory = make_app(broker_url="memory://", redisdelay_url=url, redisdelay_queue_timeout=60)
+    assert memory.check_config() == [], "no Redis transport, no visibility timeout"
+
+
 def test_problems_are_logged_when_a_worker_starts(make_app: MakeApp, caplog: pytest.LogCaptureFixture) -> None:
     app, _ = make_app(redisdelay_queue_timeout=60)
 
