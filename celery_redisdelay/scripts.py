@@ -6,12 +6,14 @@ key types) followed by the script's own file.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from importlib.resources import files
 from typing import Any
 
 from redis.commands.core import Script
 
+from .evalsha import Connections, DirectScript, direct_pool
 from .stored import BATCH_PREFIX, MESSAGE_PREFIX
 
 STORE_SCRIPTS = (
@@ -58,12 +60,35 @@ def source(name: str) -> str:
 
 
 class Scripts:
-    """The scripts bound to one client; each runs with EVALSHA and loads itself on NOSCRIPT."""
+    """The scripts bound to one client; each runs with EVALSHA and loads itself on NOSCRIPT.
 
-    def __init__(self, client: Any) -> None:
+    ``store_keys`` are the keys every store script gets first: :meth:`run` sends them with the call's
+    own, directly on a pooled connection where the client allows it (:mod:`celery_redisdelay.evalsha`).
+    """
+
+    def __init__(self, client: Any, store_keys: Sequence[bytes] = ()) -> None:
         self._scripts: dict[str, Script] = {
             name: client.register_script(source(name)) for name in STORE_SCRIPTS + STANDALONE_SCRIPTS
         }
+        self._store_keys = list(store_keys)
+        pool = direct_pool(client)
+        connections = Connections(pool) if pool is not None else None
+        self._direct = (
+            {name: DirectScript(self._scripts[name], connections, store_keys) for name in STORE_SCRIPTS}
+            if connections is not None
+            else {}
+        )
 
     def __getitem__(self, name: str) -> Script:
         return self._scripts[name]
+
+    def run(self, name: str, keys: Sequence[Any], args: Sequence[Any]) -> Any:
+        """Run the store script ``name`` with the store's keys, then ``keys``, and ``args``."""
+        direct = self._direct.get(name)
+        if direct is not None:
+            return direct(keys, args)
+        return self._scripts[name](keys=[*self._store_keys, *keys], args=list(args))
+
+    def pipelined(self, name: str, keys: Sequence[Any], args: Sequence[Any], pipe: Any) -> None:
+        """Queue the store script ``name`` on a pipeline (see :meth:`run`)."""
+        self._scripts[name](keys=[*self._store_keys, *keys], args=list(args), client=pipe)

@@ -97,8 +97,7 @@ class CallStore:
         self.keys = keys
         self.wait_replicas = wait_replicas
         self.wait_ms = wait_ms
-        self._scripts = Scripts(client)
-        self._keys: list[str | bytes] = [key.encode() for key in keys.store_keys]  # sent with every call: encoded once
+        self._scripts = Scripts(client, [key.encode() for key in keys.store_keys])
 
     def _run(
         self,
@@ -110,10 +109,9 @@ class CallStore:
         replicated: bool = False,
     ) -> Any:
         """Run a store script; with ``replicated`` (parks), wait for ``wait_replicas`` replicas to have it."""
-        script, keys = self._scripts[name], [*self._keys, *extra_keys]
         with redis_errors(action):
             try:
-                return self._call(script, keys, list(args), action, replicated)
+                return self._call(name, extra_keys, args, action, replicated)
             except redis.ResponseError as exc:
                 if "READONLY" not in str(exc) or not hasattr(self.client, "connection_pool"):
                     raise
@@ -122,14 +120,14 @@ class CallStore:
                 # Sentinel pool then asks for the new master) and try once more. A replica refuses
                 # the first write, so the failed attempt changed nothing.
                 self.client.connection_pool.disconnect()
-                return self._call(script, keys, list(args), action, replicated)
+                return self._call(name, extra_keys, args, action, replicated)
 
-    def _call(self, script: Any, keys: list[str | bytes], args: list[Any], action: str, replicated: bool) -> Any:
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[Any], action: str, replicated: bool) -> Any:
         if not (replicated and self.wait_replicas):
-            return script(keys=keys, args=args)
+            return self._scripts.run(name, keys, args)
         # WAIT counts the replicas that have this connection's writes: script and WAIT share a pipeline.
         pipe = self.client.pipeline(transaction=False)
-        script(keys=keys, args=args, client=pipe)
+        self._scripts.pipelined(name, keys, args, pipe)
         pipe.wait(self.wait_replicas, self.wait_ms)
         result, confirmed = pipe.execute()
         if int(confirmed) < self.wait_replicas:
