@@ -179,6 +179,8 @@ class CallTemplate:
         try:
             if rest is not None:
                 return ("[" + str(_JSON.encode(args)) + rest).encode()
+            if self.kombu_json():  # what kombu's dumps does for it: json.dumps with kombu's encoder
+                return str(_JSON.encode((args, kwargs, self.embed))).encode()
             _, _, data = dumps((args, kwargs, self.embed), serializer=self.serializer)
         except (EncodeError, TypeError, ValueError) as exc:  # kombu's JSON alone raises the latter two
             raise PayloadError(
@@ -187,9 +189,14 @@ class CallTemplate:
             ) from exc
         return data if isinstance(data, bytes) else data.encode()
 
+    def kombu_json(self) -> bool:
+        """Whether the body is kombu's own JSON (not a serializer registered over it since): then it is
+        encoded here directly, as kombu's ``dumps`` encodes it."""
+        return self.serializer == "json" and _registered_encoder("json") is kombu_json.dumps
+
     def body_rest(self, kwargs: Any) -> str | None:
-        """What follows the args in the JSON body of calls with these ``kwargs`` (None: not JSON)."""
-        if self.serializer != "json":
+        """What follows the args in the JSON body of calls with these ``kwargs`` (None: not kombu's JSON)."""
+        if not self.kombu_json():
             return None
         try:
             return f", {kombu_json.dumps(kwargs)}, {kombu_json.dumps(self.embed)}]"
@@ -236,6 +243,12 @@ class CallTemplate:
             out.append(values[slot])
             out.append(pieces[index])
         return "".join(out).encode()
+
+
+def _registered_encoder(serializer: str) -> Any:
+    """The function kombu's registry encodes with for ``serializer`` (None when it has none)."""
+    codec = registry._encoders.get(serializer)
+    return codec[2] if codec is not None else None
 
 
 def flat_saferepr(value: Any, maxlen: int) -> str | None:
