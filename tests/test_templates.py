@@ -4,6 +4,8 @@ byte as the same call built by Celery."""
 
 from __future__ import annotations
 
+import base64
+import json
 import threading
 import uuid
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from celery import Celery, signals
 from celery.utils.saferepr import saferepr
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kombu.serialization import dumps
+from kombu.serialization import dumps, register_json, registry
 from kombu.utils import json as kombu_json
 
 from celery_redisdelay import RedisDelay
@@ -90,6 +92,14 @@ def test_fresh_ids_are_uuid4_strings() -> None:
 
 # -- single calls rendered from a kept template ------------------------------------------------------
 
+
+def stored(rd: RedisDelay, call_id: str) -> bytes:
+    """A stored call's envelope, its id replaced, to compare calls of different ids."""
+    entry = rd.find(call_id)
+    assert entry is not None and entry.envelope is not None
+    return entry.envelope.replace(call_id.encode(), b"<id>")
+
+
 OPTION_SETS: list[dict[str, Any]] = [
     {},
     {"priority": 7},
@@ -115,11 +125,6 @@ def test_a_call_rendered_from_a_template_is_stored_as_celery_builds_it(
     @rd.delayed(name="tests.templates.echo")
     def echo(*args: Any, **kwargs: Any) -> None: ...
 
-    def stored(call_id: str) -> bytes:
-        entry = rd.find(call_id)
-        assert entry is not None and entry.envelope is not None
-        return entry.envelope.replace(call_id.encode(), b"<id>")
-
     for warm in range(2):  # the second call of a kind leaves a template
         echo.apply_async((warm,), {"k": warm}, countdown=60, **options)
     kept = rd.templates
@@ -129,7 +134,7 @@ def test_a_call_rendered_from_a_template_is_stored_as_celery_builds_it(
         rendered = echo.apply_async(args, {"k": "v"}, countdown=60, task_id=f"r-{uuid.uuid4()}", **options)
         rd.templates = TemplateCache()  # an empty one: this call goes through Celery
         built = echo.apply_async(args, {"k": "v"}, countdown=60, task_id=f"b-{uuid.uuid4()}", **options)
-        assert stored(rendered.id) == stored(built.id)
+        assert stored(rd, rendered.id) == stored(rd, built.id)
         assert rd.find(rendered.id).meta == rd.find(built.id).meta  # type: ignore[union-attr]
 
 
@@ -137,11 +142,6 @@ def test_a_call_rendered_from_a_template_is_stored_as_celery_builds_it(
 def test_calls_with_list_or_nested_tuple_arguments_get_a_template_too(rd: RedisDelay, first: Any) -> None:
     @rd.delayed(name="tests.templates.lists")
     def lists(*args: Any) -> None: ...
-
-    def stored(call_id: str) -> bytes:
-        entry = rd.find(call_id)
-        assert entry is not None and entry.envelope is not None
-        return entry.envelope.replace(call_id.encode(), b"<id>")
 
     for _ in range(2):  # the second call of a kind leaves a template, whatever form its args take
         lists.apply_async(first, countdown=60)
@@ -152,7 +152,43 @@ def test_calls_with_list_or_nested_tuple_arguments_get_a_template_too(rd: RedisD
         rendered = lists.apply_async(args, countdown=60, task_id=f"r-{uuid.uuid4()}")
         rd.templates = TemplateCache()
         built = lists.apply_async(args, countdown=60, task_id=f"b-{uuid.uuid4()}")
-        assert stored(rendered.id) == stored(built.id)
+        assert stored(rd, rendered.id) == stored(rd, built.id)
+
+
+def test_a_json_serializer_registered_over_kombus_is_followed_by_kept_templates(rd: RedisDelay) -> None:
+    """A kept template encodes a JSON body with kombu's encoder directly only while kombu's own JSON is
+    the registered one: a serializer registered over it since is used as Celery would use it."""
+
+    @rd.delayed(name="tests.templates.compact")
+    def compact(*args: Any) -> None: ...
+
+    for n in range(2):
+        compact.apply_async((n,), countdown=60)
+    kept = rd.templates
+    assert len(kept._made) == 1
+    registry.register(
+        "json",
+        lambda value: json.dumps(value, separators=(",", ":")),  # no spaces: not what kombu's encoder writes
+        kombu_json.loads,
+        content_type="application/json",
+        content_encoding="utf-8",
+    )
+    try:
+        rd.templates = kept
+        rendered = compact.apply_async((1, "two"), countdown=60, task_id=f"r-{uuid.uuid4()}")
+        rd.templates = TemplateCache()
+        built = compact.apply_async((1, "two"), countdown=60, task_id=f"b-{uuid.uuid4()}")
+    finally:
+        register_json()
+    assert b"[[1,\"two\"],{}," in base64_body(rd, built.id), "Celery used the serializer registered"
+    assert stored(rd, rendered.id) == stored(rd, built.id)
+
+
+def base64_body(rd: RedisDelay, call_id: str) -> bytes:
+    """The body of a stored call (a broker message: base64 in its JSON)."""
+    entry = rd.find(call_id)
+    assert entry is not None and entry.envelope is not None
+    return base64.b64decode(json.loads(entry.envelope)["body"])
 
 
 def test_a_kept_template_serves_only_calls_built_alike(rd: RedisDelay) -> None:
@@ -169,11 +205,6 @@ def test_a_kept_template_serves_only_calls_built_alike(rd: RedisDelay) -> None:
         "send_task": lambda call_id: rd.app.send_task("tests.templates.alike", (1,), countdown=60, task_id=call_id),
     }
 
-    def stored(call_id: str) -> bytes:
-        entry = rd.find(call_id)
-        assert entry is not None and entry.envelope is not None
-        return entry.envelope.replace(call_id.encode(), b"<id>")
-
     for n in range(2):
         alike.apply_async((n,), countdown=60)
     kept = rd.templates
@@ -183,7 +214,7 @@ def test_a_kept_template_serves_only_calls_built_alike(rd: RedisDelay) -> None:
         after_plain = call(f"k-{uuid.uuid4()}").id
         rd.templates = TemplateCache()  # an empty one: this call goes through Celery
         built = call(f"b-{uuid.uuid4()}").id
-        assert stored(after_plain) == stored(built), name
+        assert stored(rd, after_plain) == stored(rd, built), name
 
 
 def test_publish_signal_receivers_get_every_call_from_celery(rd: RedisDelay) -> None:
