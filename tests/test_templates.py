@@ -180,7 +180,7 @@ def test_a_json_serializer_registered_over_kombus_is_followed_by_kept_templates(
         built = compact.apply_async((1, "two"), countdown=60, task_id=f"b-{uuid.uuid4()}")
     finally:
         register_json()
-    assert b"[[1,\"two\"],{}," in base64_body(rd, built.id), "Celery used the serializer registered"
+    assert b'[[1,"two"],{},' in base64_body(rd, built.id), "Celery used the serializer registered"
     assert stored(rd, rendered.id) == stored(rd, built.id)
 
 
