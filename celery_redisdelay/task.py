@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 # Per-call options of ``apply_async`` that belong to celery-redisdelay, not to Celery.
 CALL_OPTIONS = ("visibility_timeout", "queue_timeout", "max_deliveries")
+NO_OVERRIDES: dict[str, Any] = dict.fromkeys(CALL_OPTIONS)
 KEY_OPTIONS = ("unique_key", "debounce_key")
 # A debounced park that keeps losing the race for its key (each loss means another producer parked
 # or released a call under it in between) gives up after this many attempts.
@@ -122,6 +123,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     lock: ClassVar[str | None] = None
     lock_timeout: ClassVar[float] = 60.0
     lock_retry: ClassVar[float] = 5.0
+    _own_limits: tuple[tuple[Any, ...], Any, Limits] | None = None  # see call_limits
 
     def apply_async(
         self,
@@ -258,7 +260,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
 
     def _call_options(self, args: Any, kwargs: Any, options: dict[str, Any]) -> CallOptions:
         """Take this package's own options out of a call's ``options`` and check them with the call."""
-        limits = self._limits({name: options.pop(name, None) for name in CALL_OPTIONS})
+        given = {name: options.pop(name, None) for name in CALL_OPTIONS}
+        limits = self.call_limits() if given == NO_OVERRIDES else self._limits(given)
         mode, key = self._key_option({name: options.pop(name, None) for name in KEY_OPTIONS})
         # A template the arguments cannot fill fails here.
         lock_name = self.lock_name(args or (), kwargs or {}) if self.lock is not None else None
@@ -363,8 +366,14 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                     )
 
     def call_limits(self) -> Limits:
-        """The task's own limits, as stored with a call that gives none of its own."""
-        return self._limits(dict.fromkeys(CALL_OPTIONS))
+        """The task's own limits, as stored with a call that gives none of its own (worked out once for
+        the task's attributes and settings as they stand)."""
+        settings = self.redisdelay.settings
+        stands = (self.visibility_timeout, self.queue_timeout, self.max_deliveries)
+        known = self._own_limits
+        if known is None or known[0] != stands or known[1] is not settings:
+            known = self._own_limits = (stands, settings, self._limits(dict(NO_OVERRIDES)))
+        return Limits(**known[2])  # a copy: callers may add to it
 
     def touch(self, timeout: float | None = None) -> bool:
         """Extend the running call's deadline to ``timeout`` seconds from now (a heartbeat).

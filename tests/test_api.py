@@ -319,6 +319,19 @@ def test_per_call_limits_override_the_task_defaults(rd: RedisDelay) -> None:
     assert not {"max_deliveries", "visibility_timeout", "queue_timeout"} & set(envelope.properties)
 
 
+def test_limits_a_task_is_given_after_its_first_calls_hold_for_the_next(rd: RedisDelay) -> None:
+    @rd.delayed(max_deliveries=5, name="test_api.later_limits", shared=False)
+    def later(x: int) -> int:
+        return x
+
+    first = [later.apply_async((n,), countdown=30).id for n in range(3)]  # the task's limits are known now
+    later.max_deliveries, later.visibility_timeout = 2, 7
+    second = later.apply_async((3,), countdown=30).id
+    assert [parked(rd, call_id).meta["m"] for call_id in first] == [5, 5, 5]
+    meta = parked(rd, second).meta
+    assert (meta["m"], meta["r"]) == (2, 7_000)
+
+
 # -- parking: eta -------------------------------------------------------------------------------
 
 
