@@ -31,8 +31,10 @@ def race(delayed: Any, plain: Any, n: int) -> tuple[float, float]:
     timed(delayed, PARK_QUEUE, WARMUP)
     timed(plain, PARK_PLAIN_QUEUE, WARMUP)
     half = n // 2
-    ours = timed(delayed, PARK_QUEUE, half) + timed(delayed, PARK_QUEUE, n - half)
-    celery = timed(plain, PARK_PLAIN_QUEUE, half) + timed(plain, PARK_PLAIN_QUEUE, n - half)
+    ours = timed(delayed, PARK_QUEUE, half)
+    celery = timed(plain, PARK_PLAIN_QUEUE, half)
+    ours += timed(delayed, PARK_QUEUE, n - half)
+    celery += timed(plain, PARK_PLAIN_QUEUE, n - half)
     return n / ours, n / celery
 
 
