@@ -218,6 +218,26 @@ def test_a_stored_message_is_pushed_with_a_delivery_tag_of_its_own_each_time(
     assert comparable(first) == comparable(second)
 
 
+def test_calls_pushed_by_the_script_wait_in_flight_for_their_own_queue_timeout(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    """Each route's deadline is written once per release as text: the stored score is still the
+    release's time plus that route's queue timeout, for calls of two routes in one release."""
+    fast, _ = pair(make_app)
+    short = task_on(fast, queue_timeout=30)
+    ids = [short.apply_async((n,), countdown=0).id for n in range(3)]
+    ids += [short.apply_async((n,), countdown=0, queue_timeout=90).id for n in range(3)]
+    seconds, micros = client.time()
+    before = int(seconds) * 1000 + int(micros) // 1000
+    assert fast.tick()["released"] == 6
+    seconds, micros = client.time()
+    after = int(seconds) * 1000 + int(micros) // 1000
+    deadlines = [client.zscore(fast.store.keys.inflight, call_id) for call_id in ids]
+    assert all(isinstance(deadline, float) and deadline == int(deadline) for deadline in deadlines), deadlines
+    assert all(before + 30_000 <= deadline <= after + 30_000 for deadline in deadlines[:3]), (before, deadlines)  # type: ignore[operator]
+    assert all(before + 90_000 <= deadline <= after + 90_000 for deadline in deadlines[3:]), (before, deadlines)  # type: ignore[operator]
+
+
 def test_a_malformed_broker_message_is_dead_lettered_and_the_release_goes_on(
     make_app: MakeApp, client: redis.Redis
 ) -> None:
