@@ -167,3 +167,13 @@ def test_clients_it_cannot_use_take_redis_pys_path(redis_server: RedisServer) ->
         assert (status, holder) == (STORED, "pinned")
     finally:
         pinned.close()
+
+
+def test_a_client_with_client_side_caching_takes_redis_pys_path() -> None:
+    cache = pytest.importorskip("redis.cache", reason="client-side caching is redis-py 5.1+")
+    caching = redis.Redis(host="127.0.0.1", port=1, protocol=3, cache_config=cache.CacheConfig())
+    try:
+        assert direct_pool(caching) is None
+        assert not CallStore(caching, fresh_keys())._scripts._direct
+    finally:
+        caching.close()

@@ -22,6 +22,7 @@ from kombu import Exchange, Queue
 from celery_redisdelay import ConfigurationError, RedisDelay
 from celery_redisdelay.envelope import EnvelopeError
 from celery_redisdelay.kept import KEPT_OPTIONS
+from celery_redisdelay.store import server_ms
 from celery_redisdelay.stored import decode_stored
 from celery_redisdelay.testing import wait_for
 from celery_redisdelay.wire import PREFIX, BrokerLayout
@@ -227,11 +228,9 @@ def test_calls_pushed_by_the_script_wait_in_flight_for_their_own_queue_timeout(
     short = task_on(fast, queue_timeout=30)
     ids = [short.apply_async((n,), countdown=0).id for n in range(3)]
     ids += [short.apply_async((n,), countdown=0, queue_timeout=90).id for n in range(3)]
-    seconds, micros = client.time()
-    before = int(seconds) * 1000 + int(micros) // 1000
+    before = server_ms(client, fast.store.keys.inflight)
     assert fast.tick()["released"] == 6
-    seconds, micros = client.time()
-    after = int(seconds) * 1000 + int(micros) // 1000
+    after = server_ms(client, fast.store.keys.inflight)
     deadlines = [client.zscore(fast.store.keys.inflight, call_id) for call_id in ids]
     assert all(isinstance(deadline, float) and deadline == int(deadline) for deadline in deadlines), deadlines
     assert all(before + 30_000 <= deadline <= after + 30_000 for deadline in deadlines[:3]), (before, deadlines)  # type: ignore[operator]
