@@ -26,6 +26,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from . import broker_redis
 from .errors import ConfigurationError
+from .forks import fork_safe
 from .settings import CLUSTER_SCHEMES, SENTINEL_SCHEMES, Settings
 
 HEALTH_CHECK_SECONDS = 30
@@ -42,7 +43,12 @@ def client_options(settings: Settings) -> dict[str, Any]:
 
 
 def connect(settings: Settings) -> Any:
-    """A new client for the store (``redis.Redis`` or ``RedisCluster``); connects lazily."""
+    """A new client for the store (``redis.Redis`` or ``RedisCluster``); connects lazily, and is safe to
+    use in a forked child (see :mod:`celery_redisdelay.forks`)."""
+    return fork_safe(_client(settings))
+
+
+def _client(settings: Settings) -> Any:
     url = settings.url
     options = client_options(settings)
     try:

@@ -7,7 +7,6 @@ import inspect
 import logging
 import weakref
 from collections.abc import Callable, Sequence
-from functools import cached_property
 from typing import Any, TypeVar, overload
 
 from celery import Celery, signals
@@ -16,6 +15,7 @@ from . import batch, broker_redis, checks, tracking, wire
 from .batch import check_batch_options
 from .connection import broker_is_store, connect, is_cluster
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
+from .forks import cached_property
 from .kept import TemplateCache
 from .keys import Keyspace
 from .listing import Scanner

@@ -6,7 +6,6 @@ import inspect
 import logging
 import string
 from collections.abc import Callable, Iterable, Sequence
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from celery import Task
@@ -15,6 +14,7 @@ from celery.utils import uuid
 from kombu.exceptions import OperationalError
 
 from .errors import Abandon, ConfigurationError, Deferred, RedisDelayError, ScheduleError, StoreUnavailableError
+from .forks import cached_property
 from .kept import template_key
 from .keys import group_id
 from .meta import Limits

@@ -256,12 +256,15 @@ def worker(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     extra: Sequence[str] = (),
+    pool: str = "prefork",
 ) -> CeleryProcess:
+    """``celery -A app worker`` with ``pool`` (prefork, threads, solo, gevent, eventlet), no gossip, mingle
+    or heartbeat; ``extra`` arguments are added."""
     command = [
         "worker",
         "--loglevel=INFO",
         f"--concurrency={concurrency}",
-        "--pool=prefork",
+        f"--pool={pool}",
         "--without-gossip",
         "--without-mingle",
         "--without-heartbeat",

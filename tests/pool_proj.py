@@ -1,0 +1,128 @@
+"""A Celery app for the tests that run the extension under each of Celery's pools (``tests/test_pools.py``).
+
+Configured from ``REDISDELAY_POOL_CONF`` (JSON of ``app.conf``, and ``marks_url``: where the tasks note what
+they did); the worker loads it with ``--pool=...``, and the test process builds the same app with
+:func:`make_app` to park calls.
+Under gevent and eventlet, Celery patches the standard library before this module is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+from celery_redisdelay import Abandon, RedisDelay
+from tests import topology_proj
+
+ENV = "REDISDELAY_POOL_CONF"
+
+
+class Notes:
+    """Where the tasks note what they did: a client per process (made in the process that uses it)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._clients: dict[int, redis.Redis] = {}
+
+    def client(self) -> redis.Redis:
+        client = self._clients.get(os.getpid())
+        if client is None:
+            client = self._clients[os.getpid()] = redis.Redis.from_url(self.url)
+        return client
+
+    def add(self, rd: RedisDelay, key: str, request: Any, **fields: Any) -> None:
+        found = rd.find(request.id) if request.id else None
+        delivery = int(found.meta.get("d", 0)) if found is not None else 0
+        note = {"id": request.id, "pid": os.getpid(), "delivery": delivery, **fields}
+        self.client().rpush(key, json.dumps(note))
+
+
+def hold_the_store_lock_at_each_fork(rd: RedisDelay) -> None:
+    """Fault injection: every fork of this process happens while another of its threads holds the lock of
+    the store's connection pool, as the worker's precise releaser thread may hold it when Celery forks a
+    pool process. Only the process that calls this is affected (its pool processes do not fork)."""
+    pool = rd.client.connection_pool
+    wanted, taken, leave = threading.Semaphore(0), threading.Event(), threading.Event()
+    parent = os.getpid()
+
+    def holder() -> None:
+        while True:
+            wanted.acquire()
+            with pool._lock:
+                taken.set()
+                leave.wait()
+                leave.clear()
+
+    threading.Thread(target=holder, name="holds-the-store-lock", daemon=True).start()
+
+    def before() -> None:
+        if os.getpid() == parent:
+            wanted.release()
+            taken.wait(10)
+            taken.clear()
+
+    def after_in_parent() -> None:
+        if os.getpid() == parent:
+            leave.set()
+
+    os.register_at_fork(before=before, after_in_parent=after_in_parent)
+
+
+def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, RedisDelay]:
+    """The app with ``conf`` and its tasks. Besides Celery's settings, ``conf`` may hold ``marks_url`` (where
+    the tasks note what they did) and ``hold_store_lock_at_fork`` (see :func:`hold_the_store_lock_at_each_fork`,
+    done in a worker's main process)."""
+    conf = dict(conf)
+    notes = Notes(conf.pop("marks_url", "redis://127.0.0.1:6379/2"))
+    hold_lock = conf.pop("hold_store_lock_at_fork", False)
+    app, rd = topology_proj.make_app(conf, name)  # the same defaults as the topology tests
+    if hold_lock:
+        signals.worker_init.connect(lambda **_: hold_the_store_lock_at_each_fork(rd), weak=False)
+
+    @rd.delayed(name="pools.record", bind=True)
+    def record(self: Any, key: str, value: Any = None) -> Any:
+        """Note the call: its id, the process that ran it, its delivery."""
+        notes.add(rd, key, self.request, value=value)
+        return value
+
+    @rd.delayed(name="pools.park_from_task", bind=True)
+    def park_from_task(self: Any, key: str, countdown: float) -> str:
+        """Park another call from inside a task; it notes itself under ``key`` when it runs."""
+        child = record.apply_async((key, "parked by a task"), countdown=countdown)
+        notes.add(rd, key, self.request, parked=child.id)
+        return str(child.id)
+
+    @rd.delayed(name="pools.touching", bind=True, timeout=2)
+    def touching(self: Any, key: str, seconds: float) -> bool:
+        """Run longer than the 2 s visibility timeout, heartbeating with ``self.touch()``."""
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends:
+            assert self.touch(2)
+            time.sleep(0.3)
+        notes.add(rd, key, self.request)
+        return True
+
+    @rd.delayed(name="pools.abandon_once", bind=True, timeout=1)
+    def abandon_once(self: Any, key: str) -> int:
+        """Abandon the first delivery (the sweep brings it back after the 1 s timeout), finish the second."""
+        runs = int(notes.client().incr(f"{key}:runs"))
+        if runs == 1:
+            raise Abandon("the first delivery is abandoned on purpose")
+        notes.add(rd, key, self.request, runs=runs)
+        return runs
+
+    @rd.delayed(name="pools.locked", bind=True, lock="pools:{order}", lock_timeout=30, lock_retry=5)
+    def locked(self: Any, key: str, order: int) -> None:
+        """Hold the order's lock while running (a busy lock defers the call)."""
+        notes.add(rd, key, self.request, order=order)
+
+    return app, rd
+
+
+app, rd = make_app(json.loads(os.environ.get(ENV) or '{"broker_url": "redis://127.0.0.1:6379/0"}'))
