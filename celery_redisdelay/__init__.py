@@ -1,6 +1,5 @@
 """Delayed Celery calls kept in Redis sorted sets: parked, released on time, tracked until done."""
 
-from .batch import BatchedTask
 from .errors import (
     Abandon,
     ConfigurationError,
@@ -12,9 +11,10 @@ from .errors import (
     StoreUnavailableError,
 )
 from .extension import RedisDelay
-from .locks import Lock
-from .task import DelayedTask
-from .validation import ValidationReport, run_validation
+from .operations.validation import ValidationReport, run_validation
+from .producer.batch import BatchedTask
+from .producer.locks import Lock
+from .producer.task import DelayedTask
 
 __version__ = "0.1.0"
 

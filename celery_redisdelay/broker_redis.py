@@ -54,7 +54,7 @@ class BrokerRedis:
         return ("unix", self.path, self.db) if self.path else ("tcp", self.host, self.port, self.db)
 
     def store_url(self) -> str:
-        """The store URL for :func:`celery_redisdelay.connection.connect`, without credentials (they go
+        """The store URL for :func:`celery_redisdelay.store.connection.connect`, without credentials (they go
         in :meth:`client_options`, so the URL can be logged)."""
         tls = "s" if self.ssl is not None else ""
         if self.sentinels:

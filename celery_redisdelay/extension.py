@@ -11,27 +11,31 @@ from typing import Any, TypeVar, overload
 
 from celery import Celery, signals
 
-from . import batch, broker_redis, checks, tracking, wire
-from .batch import check_batch_options
-from .connection import broker_is_store, connect, is_cluster
+from . import broker_redis
 from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
-from .forks import cached_property
-from .kept import TemplateCache
-from .keys import Keyspace
-from .listing import Scanner
-from .locks import Lock
-from .operations import on_shards
-from .precise import PreciseReleaseStep
-from .producer import ParkingProducer, accepted_content_types
-from .release import Releaser, TickReport, tick_all
-from .revocation import announce_revoked
-from .schedule import resolve_due
+from .message import wire
+from .operations import checks
+from .operations.actions import on_shards
+from .operations.listing import Scanner
+from .operations.validation import register_validation_tasks
+from .producer import batch
+from .producer.batch import check_batch_options
+from .producer.kept import TemplateCache
+from .producer.locks import Lock
+from .producer.parking_producer import ParkingProducer, accepted_content_types
+from .producer.schedule import resolve_due
+from .producer.task import ROUTING_OPTIONS, DelayedTask, check_lock_options, combined_base
+from .release.precise import PreciseReleaseStep
+from .release.releaser import Releaser, TickReport, tick_all
 from .settings import Settings, positive_setting
-from .shards import ShardSet
-from .store import LARGEST_STEP, CallStore, Cancelled, Entry, redis_errors
-from .task import ROUTING_OPTIONS, DelayedTask, check_lock_options, combined_base
-from .tracking import DurableRevokeStep
-from .validation import register_validation_tasks
+from .store.calls import LARGEST_STEP, CallStore, Cancelled, Entry, redis_errors
+from .store.connection import broker_is_store, connect, is_cluster
+from .store.forks import cached_property
+from .store.keys import Keyspace
+from .store.shards import ShardSet
+from .worker import tracking
+from .worker.revocation import announce_revoked
+from .worker.tracking import DurableRevokeStep
 
 logger = logging.getLogger(__name__)
 
@@ -328,7 +332,7 @@ class RedisDelay:
 
     @cached_property
     def templates(self) -> TemplateCache:
-        """Templates of single calls by task and options (see :mod:`celery_redisdelay.templates`)."""
+        """Templates of single calls by task and options (see :mod:`celery_redisdelay.producer.templates`)."""
         return TemplateCache()
 
     def check_size(self, what: str, size: int) -> None:

@@ -30,7 +30,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from celery_redisdelay.validation import CONSUMER_TASK
+from celery_redisdelay.operations.validation import CONSUMER_TASK
 
 from .cluster import Member
 from .config import CLAIM_TIMEOUT

@@ -35,7 +35,7 @@ from kombu import Exchange, Queue
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.errors import Deferred
-from celery_redisdelay.validation import CONSUMER_MAX_DELIVERIES, CONSUMER_TASK, consume_message
+from celery_redisdelay.operations.validation import CONSUMER_MAX_DELIVERIES, CONSUMER_TASK, consume_message
 
 from .config import (
     BATCH_MAX_WAIT,

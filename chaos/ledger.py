@@ -25,8 +25,8 @@ from typing import Any
 
 import redis
 
-from celery_redisdelay.shards import shard_of
-from celery_redisdelay.store import CallStore
+from celery_redisdelay.store.calls import CallStore
+from celery_redisdelay.store.shards import shard_of
 
 #: The most a SIGKILL of an ``appendfsync everysec`` Redis may lose: writes acknowledged this long before it.
 FSYNC_BOUND_SECONDS = 2.0

@@ -26,8 +26,8 @@ from redis.retry import Retry
 from redis.sentinel import SentinelManagedConnection
 
 from celery_redisdelay import NotReplicatedError, RedisDelay, StoreUnavailableError
-from celery_redisdelay.connection import connect
 from celery_redisdelay.settings import SENTINEL_SCHEMES, Settings
+from celery_redisdelay.store.connection import connect
 
 from .cluster import Cluster
 from .config import ENV_SHARDS, ENV_WAIT_REPLICAS, QUEUE

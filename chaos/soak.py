@@ -27,8 +27,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.metrics import snapshot
-from celery_redisdelay.validation import CONSUMER_TASK, collect_report
+from celery_redisdelay.operations.metrics import snapshot
+from celery_redisdelay.operations.validation import CONSUMER_TASK, collect_report
 
 from .config import BATCH_TASK, LOCK_SLOTS, LOCKED_TASK
 from .faults import Clock

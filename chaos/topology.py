@@ -25,7 +25,7 @@ import redis
 from redis.sentinel import Sentinel
 
 from celery_redisdelay.testing import RedisServer, kill_group, wait_for
-from celery_redisdelay.topologies import HOST, LocalSentinel
+from celery_redisdelay.testing.topologies import HOST, LocalSentinel
 
 from .config import ENV_BROKER_URL, ENV_MASTER_NAME, ENV_URL
 from .server import DurableRedis, durable_args

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from celery_redisdelay import RedisDelay, ValidationReport, run_validation
-from celery_redisdelay.validation import collect_report
+from celery_redisdelay.operations.validation import collect_report
 
 from .faults import Progress
 from .run import Run, say

@@ -18,7 +18,7 @@ from celery import Celery
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, wait_for, worker
-from celery_redisdelay.topologies import LocalCluster, LocalSentinel, LocalTLS, TopologyUnavailable
+from celery_redisdelay.testing.topologies import LocalCluster, LocalSentinel, LocalTLS, TopologyUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 

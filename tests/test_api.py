@@ -35,12 +35,12 @@ from celery_redisdelay import (
     ScheduleError,
     StoreUnavailableError,
 )
-from celery_redisdelay.envelope import Envelope
 from celery_redisdelay.extension import TICK_TASK
-from celery_redisdelay.store import Entry
-from celery_redisdelay.stored import decode_stored
+from celery_redisdelay.message.envelope import Envelope
+from celery_redisdelay.message.stored import decode_stored
+from celery_redisdelay.operations.validation import CONSUMER_TASK, VALIDATE_TASK
+from celery_redisdelay.store.calls import Entry
 from celery_redisdelay.testing import RedisServer, free_port
-from celery_redisdelay.validation import CONSUMER_TASK, VALIDATE_TASK
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 

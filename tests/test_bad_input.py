@@ -20,13 +20,7 @@ import pytest
 import redis
 from celery import Celery, signals
 
-from celery_redisdelay import (
-    ConfigurationError,
-    PayloadError,
-    RedisDelay,
-    ScheduleError,
-    StoreUnavailableError,
-)
+from celery_redisdelay import ConfigurationError, PayloadError, RedisDelay, ScheduleError, StoreUnavailableError
 from celery_redisdelay.testing import RedisServer, free_port
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]

@@ -23,9 +23,9 @@ from celery import Celery
 from kombu.utils import json as kombu_json
 
 from celery_redisdelay import ConfigurationError, PayloadError, RedisDelay, ScheduleError
-from celery_redisdelay.batch import BatchedTask
-from celery_redisdelay.keys import group_id
-from celery_redisdelay.stored import BatchCall, decode_stored
+from celery_redisdelay.message.stored import BatchCall, decode_stored
+from celery_redisdelay.producer.batch import BatchedTask
+from celery_redisdelay.store.keys import group_id
 from celery_redisdelay.testing import wait_for
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from celery_redisdelay.testing import redis_server_binary
-from celery_redisdelay.topologies import binary_version
+from celery_redisdelay.testing.topologies import binary_version
 
 from .conftest import run_module
 

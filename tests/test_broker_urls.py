@@ -22,10 +22,10 @@ from celery import Celery
 from redis.sentinel import SentinelConnectionPool
 
 from celery_redisdelay import ConfigurationError, RedisDelay
-from celery_redisdelay.connection import broker_is_store
 from celery_redisdelay.settings import Settings
+from celery_redisdelay.store.connection import broker_is_store
 from celery_redisdelay.testing import RedisServer, free_port
-from celery_redisdelay.topologies import LocalSentinel
+from celery_redisdelay.testing.topologies import LocalSentinel
 
 #: Passwords with characters a URL must escape.
 PASSWORD = "p@ss:w/rd %#?"

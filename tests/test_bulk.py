@@ -12,7 +12,7 @@ import redis
 from celery import Celery
 
 from celery_redisdelay import ConfigurationError, PayloadError, RedisDelay
-from celery_redisdelay.stored import decode_stored
+from celery_redisdelay.message.stored import decode_stored
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 

@@ -22,11 +22,12 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner, Result
 
-from celery_redisdelay import RedisDelay, RedisDelayError, admin
+from celery_redisdelay import RedisDelay, RedisDelayError
 from celery_redisdelay.cli import redisdelay
-from celery_redisdelay.keys import group_id
+from celery_redisdelay.operations import admin
+from celery_redisdelay.store.keys import group_id
 from celery_redisdelay.testing import RedisServer, free_port
-from celery_redisdelay.topologies import LocalCluster
+from celery_redisdelay.testing.topologies import LocalCluster
 from tests.conftest import ROOT
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]

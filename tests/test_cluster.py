@@ -18,7 +18,7 @@ from redis.cluster import RedisCluster
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.testing import RedisServer
-from celery_redisdelay.topologies import LocalCluster
+from celery_redisdelay.testing.topologies import LocalCluster
 from tests import topology_proj
 
 SHARDS = 3

@@ -1,4 +1,4 @@
-"""The store scripts' direct EVALSHA (``celery_redisdelay.evalsha``): the bytes it sends are redis-py's, and
+"""The store scripts' direct EVALSHA (``celery_redisdelay.store.evalsha``): the bytes it sends are redis-py's, and
 every case it hands to redis-py (NOSCRIPT, a lost connection, a client it cannot use) still works, on a
 real redis-server, at the lowest and the newest redis-py the project declares."""
 
@@ -16,9 +16,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_redisdelay.evalsha import Connections, DirectScript, direct_pool
-from celery_redisdelay.keys import Keyspace
-from celery_redisdelay.store import STORED, CallStore
+from celery_redisdelay.store.calls import STORED, CallStore
+from celery_redisdelay.store.evalsha import Connections, DirectScript, direct_pool
+from celery_redisdelay.store.keys import Keyspace
 from celery_redisdelay.testing import RedisServer
 
 META = {"t": "tests.echo", "m": 3, "r": 60_000, "q": 60_000}

@@ -10,7 +10,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from celery.states import FAILURE, IGNORED, REJECTED, RETRY, SUCCESS
 
 from celery_redisdelay import Abandon, RedisDelay, RedisDelayError
-from celery_redisdelay.tracking import finishes_call
+from celery_redisdelay.worker.tracking import finishes_call
 
 
 def test_park_and_find(rd: RedisDelay) -> None:

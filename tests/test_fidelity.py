@@ -22,11 +22,12 @@ from celery import Celery
 from celery.exceptions import TaskRevokedError
 from kombu import Exchange, Queue
 
-from celery_redisdelay import ConfigurationError, RedisDelay, admin
-from celery_redisdelay.envelope import Envelope
-from celery_redisdelay.stored import decode_stored
-from celery_redisdelay.tracking import drop_revoked
-from celery_redisdelay.wire import PREFIX
+from celery_redisdelay import ConfigurationError, RedisDelay
+from celery_redisdelay.message.envelope import Envelope
+from celery_redisdelay.message.stored import decode_stored
+from celery_redisdelay.message.wire import PREFIX
+from celery_redisdelay.operations import admin
+from celery_redisdelay.worker.tracking import drop_revoked
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 

@@ -1,5 +1,5 @@
 """A forked child always gets a working store, whatever another thread of the parent was doing at the fork
-(``celery_redisdelay.forks``): with a lock of the store's pool held, with a cached attribute half worked
+(``celery_redisdelay.store.forks``): with a lock of the store's pool held, with a cached attribute half worked
 out, and while other threads hammer the store; on a single server and on a Redis Cluster, at the lowest and
 the newest redis-py declared."""
 
@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from celery_redisdelay import RedisDelay, forks
-from celery_redisdelay.connection import is_cluster
-from celery_redisdelay.evalsha import Connections
+from celery_redisdelay import RedisDelay
+from celery_redisdelay.store import forks
+from celery_redisdelay.store.connection import is_cluster
+from celery_redisdelay.store.evalsha import Connections
 
 #: How long a forked child may take to park and read a call before it counts as hung.
 CHILD_SECONDS = 15
@@ -156,7 +157,8 @@ def test_a_child_parks_while_a_parent_thread_is_inside_the_pool(make_app: Any, m
 def test_a_child_works_out_a_cached_attribute_another_thread_was_working_out(make_app: Any, monkeypatch: Any) -> None:
     # functools.cached_property on Python 3.11 shares one lock between all instances of a class: a parent
     # thread working out one extension's client at the fork left every child unable to work out any.
-    from celery_redisdelay import connection, extension
+    from celery_redisdelay import extension
+    from celery_redisdelay.store import connection
 
     _, slow = make_app()
     _, other = make_app()

@@ -24,7 +24,7 @@ from redis.cluster import key_slot
 
 from celery_redisdelay import ConfigurationError, DelayedTask, RedisDelay, StoreUnavailableError
 from celery_redisdelay.errors import LockTimeout
-from celery_redisdelay.locks import Lock
+from celery_redisdelay.producer.locks import Lock
 from celery_redisdelay.testing import wait_for
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]

@@ -17,7 +17,7 @@ import redis
 from celery import Celery, signals
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.metrics import LATENESS_BOUNDS_MS, serve, snapshot
+from celery_redisdelay.operations.metrics import LATENESS_BOUNDS_MS, serve, snapshot
 from celery_redisdelay.testing import RedisServer, free_port, stop_process, wait_for
 from tests.conftest import ROOT
 

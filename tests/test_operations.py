@@ -14,11 +14,12 @@ import pytest
 from celery import Celery
 from click.testing import CliRunner
 
-from celery_redisdelay import RedisDelay, admin
+from celery_redisdelay import RedisDelay
 from celery_redisdelay.cli import redisdelay
-from celery_redisdelay.listing import Filter
-from celery_redisdelay.operations import act_on, act_on_matching
-from celery_redisdelay.store import CallStore
+from celery_redisdelay.operations import admin
+from celery_redisdelay.operations.actions import act_on, act_on_matching
+from celery_redisdelay.operations.listing import Filter
+from celery_redisdelay.store.calls import CallStore
 from celery_redisdelay.testing import RedisServer
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]

@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.precise import PreciseReleaser, PreciseReleaseStep
+from celery_redisdelay.release.precise import PreciseReleaser, PreciseReleaseStep
 from celery_redisdelay.testing import wait_for
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]

@@ -17,10 +17,10 @@ import pytest
 import redis
 
 from celery_redisdelay import NotReplicatedError, RedisDelay
+from celery_redisdelay.operations.validation import ValidationReport, run_validation
 from celery_redisdelay.settings import Settings
 from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, kill_group, wait_for, worker
-from celery_redisdelay.topologies import LocalSentinel
-from celery_redisdelay.validation import ValidationReport, run_validation
+from celery_redisdelay.testing.topologies import LocalSentinel
 from tests import topology_proj
 from tests.conftest import ROOT
 

@@ -14,8 +14,8 @@ from celery import Celery
 from redis.crc import key_slot
 
 from celery_redisdelay import ConfigurationError, RedisDelay, RedisDelayError
-from celery_redisdelay.keys import Keyspace
 from celery_redisdelay.settings import DEFAULTS, Settings
+from celery_redisdelay.store.keys import Keyspace
 from celery_redisdelay.testing import RedisServer
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]

@@ -18,8 +18,8 @@ from celery import Celery
 from redis.crc import key_slot
 
 from celery_redisdelay import ConfigurationError, RedisDelay, ScheduleError
-from celery_redisdelay.precise import PreciseReleasers
-from celery_redisdelay.shards import shard_of, shard_tags
+from celery_redisdelay.release.precise import PreciseReleasers
+from celery_redisdelay.store.shards import shard_of, shard_tags
 from celery_redisdelay.testing import wait_for
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]

@@ -35,9 +35,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from celery_redisdelay import DelayedTask, RedisDelay
-from celery_redisdelay.batch import BatchedTask
-from celery_redisdelay.keys import group_id
-from celery_redisdelay.store import CONFLICT, KEPT, STORED, Claimed
+from celery_redisdelay.producer.batch import BatchedTask
+from celery_redisdelay.store.calls import CONFLICT, KEPT, STORED, Claimed
+from celery_redisdelay.store.keys import group_id
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 

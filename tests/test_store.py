@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from celery_redisdelay import RedisDelay, RedisDelayError, StoreUnavailableError
-from celery_redisdelay.store import Claimed, Entry
+from celery_redisdelay.store.calls import Claimed, Entry
 from celery_redisdelay.testing import wait_for
 
 ENVELOPE = b'{"opaque": "to the store"}'

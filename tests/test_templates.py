@@ -21,9 +21,9 @@ from kombu.serialization import dumps, register_json, registry
 from kombu.utils import json as kombu_json
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.kept import TemplateCache
-from celery_redisdelay.shards import fresh_ids
-from celery_redisdelay.templates import CallTemplate, flat_saferepr
+from celery_redisdelay.producer.kept import TemplateCache
+from celery_redisdelay.producer.templates import CallTemplate, flat_saferepr
+from celery_redisdelay.store.shards import fresh_ids
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 #: The embedded part of the body of a call without callbacks, chain or chord (protocol 2).

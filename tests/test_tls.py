@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from celery_redisdelay import RedisDelay, StoreUnavailableError
-from celery_redisdelay.admin import status as admin_status
+from celery_redisdelay.operations.admin import status as admin_status
 from celery_redisdelay.testing import RedisServer
-from celery_redisdelay.topologies import LocalTLS
+from celery_redisdelay.testing.topologies import LocalTLS
 from tests import topology_proj
 
 #: The ACL the README documents for the store's user (besides its key patterns).

@@ -18,7 +18,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from celery_redisdelay.testing import kill_group, wait_for
-from celery_redisdelay.topologies import (
+from celery_redisdelay.testing.topologies import (
     HOST,
     LocalCluster,
     LocalSentinel,

@@ -18,8 +18,8 @@ from celery import Celery
 from kombu.serialization import loads
 
 from celery_redisdelay import RedisDelay, ScheduleError
-from celery_redisdelay.keys import group_id
-from celery_redisdelay.stored import decode_stored
+from celery_redisdelay.message.stored import decode_stored
+from celery_redisdelay.store.keys import group_id
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 

@@ -20,12 +20,12 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from celery_redisdelay import ConfigurationError, RedisDelay
-from celery_redisdelay.envelope import EnvelopeError
-from celery_redisdelay.kept import KEPT_OPTIONS
-from celery_redisdelay.store import server_ms
-from celery_redisdelay.stored import decode_stored
+from celery_redisdelay.message.envelope import EnvelopeError
+from celery_redisdelay.message.stored import decode_stored
+from celery_redisdelay.message.wire import PREFIX, BrokerLayout
+from celery_redisdelay.producer.kept import KEPT_OPTIONS
+from celery_redisdelay.store.calls import server_ms
 from celery_redisdelay.testing import wait_for
-from celery_redisdelay.wire import PREFIX, BrokerLayout
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 

@@ -12,8 +12,8 @@ from typing import Any
 from celery import Celery
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.operations.validation import ValidationReport, run_validation
 from celery_redisdelay.testing import beat, wait_for, worker
-from celery_redisdelay.validation import ValidationReport, run_validation
 
 ENV = "REDISDELAY_TOPOLOGY_CONF"
 ROOT = Path(__file__).resolve().parent.parent

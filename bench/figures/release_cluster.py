@@ -3,7 +3,7 @@ processes) against one shard on a 1-master cluster with one releaser.
 
 The broker is the harness's standalone redis-server (kombu has no Cluster transport), so every release
 goes through kombu's publish path: the claim script on the shard, one kombu publish per call, then the
-confirm script. Each side gets a fresh local cluster (``celery_redisdelay.topologies.LocalCluster``)
+confirm script. Each side gets a fresh local cluster (``celery_redisdelay.testing.topologies.LocalCluster``)
 and the same number of due calls, parked with ``park_many(countdown=0)``. The releaser processes
 (``python -m bench.cluster_releaser``) are started and warmed up first, then all released at once by a
 start signal; the time runs from that signal until the broker queue holds every call.
@@ -19,7 +19,7 @@ from typing import Any
 from redis.crc import key_slot
 
 from celery_redisdelay.testing import CeleryProcess, wait_for
-from celery_redisdelay.topologies import LocalCluster, TopologyUnavailable
+from celery_redisdelay.testing.topologies import LocalCluster, TopologyUnavailable
 
 from ..app import RELEASE_QUEUE, build
 from ..context import Context

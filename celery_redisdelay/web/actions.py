@@ -2,7 +2,7 @@
 run now, reschedule, cancel, requeue and purge, on one call, on the calls selected in a list, or on
 every call matching the list's filter. The destructive ones and every bulk one show a confirmation
 page first. Each step is the same bounded script call as the command line's (see
-:mod:`celery_redisdelay.operations`); cancelling marks the calls REVOKED (``rd.cancel_many``).
+:mod:`celery_redisdelay.operations.actions`); cancelling marks the calls REVOKED (``rd.cancel_many``).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 from werkzeug.wrappers import Response
 
 from ..errors import ScheduleError
-from ..listing import server_ms
-from ..operations import ACTION_STATES, act_on, act_on_matching
-from ..schedule import resolve_due
+from ..operations.actions import ACTION_STATES, act_on, act_on_matching
+from ..operations.listing import server_ms
+from ..producer.schedule import resolve_due
 from .board import dashboard
 from .overview import state_counts
 from .query import ListQuery

@@ -17,9 +17,9 @@ from werkzeug.exceptions import HTTPException
 
 from ..errors import RedisDelayError, StoreUnavailableError
 from ..extension import RedisDelay
-from ..humanize import compact, deliveries, lock_text, relative, size_text, span
-from ..listing import iso
-from ..payloads import as_json
+from ..operations.humanize import compact, deliveries, lock_text, relative, size_text, span
+from ..operations.listing import iso
+from ..operations.payloads import as_json
 from . import actions, views
 from .board import ACTION_BUDGET, Dashboard
 from .overview import STATE_TITLES

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..listing import server_ms
-from ..meta import decode_meta
-from ..store import redis_errors, text
+from ..operations.listing import server_ms
+from ..store.calls import redis_errors, text
+from ..store.meta import decode_meta
 
 if TYPE_CHECKING:
     from ..extension import RedisDelay

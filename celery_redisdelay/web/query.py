@@ -9,8 +9,8 @@ from typing import Any
 from flask import abort, url_for
 from werkzeug.datastructures import MultiDict
 
-from ..listing import ORDERS, Filter
-from ..store import STATES
+from ..operations.listing import ORDERS, Filter
+from ..store.calls import STATES
 
 PAGE_SIZES = (25, 50, 100, 200, 500)
 MOST_SCAN = 100_000

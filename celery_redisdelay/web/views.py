@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from flask import Blueprint, abort, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
-from .. import admin
-from ..listing import SCORE_MEANING
-from ..operations import ACTION_STATES
+from ..operations import admin
+from ..operations.actions import ACTION_STATES
+from ..operations.listing import SCORE_MEANING
 from . import overview
 from .board import dashboard
 from .overview import STATE_TITLES, state_counts

@@ -1,0 +1,5 @@
+"""``celery -A proj redisdelay ...``: the command line, registered under the ``celery.commands`` entry point."""
+
+from .commands import redisdelay
+
+__all__ = ["redisdelay"]

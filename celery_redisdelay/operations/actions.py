@@ -1,0 +1,225 @@
+"""The operator's actions on many calls: a selection of ids, or everything matching a filter.
+
+Each step is one script call on one shard over at most 1,000 ids (``store.LARGEST_STEP``): the ids are
+grouped by the shard they live in (a call parked under another shard count is looked for in the
+others). "Everything matching a filter" reads the matching calls page by page with the paginator of
+:mod:`celery_redisdelay.operations.listing` and acts on each page as it goes, so it never holds more than one step
+of ids and no script walks an unbounded backlog; it stops early, and says so, after ``most`` calls or
+``budget`` seconds. Cancelling goes through :meth:`RedisDelay.cancel_many`, which also marks each
+cancelled call REVOKED in the result backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RedisDelayError
+from ..store.calls import LARGEST_STEP, CallStore
+from .listing import Filter, Scanner, scanner_for, server_ms
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+    from ..store.shards import ShardSet
+
+#: Actions and the state their calls must be in.
+ACTION_STATES = {"run-now": "delayed", "reschedule": "delayed", "cancel": "delayed", "requeue": "dead", "purge": "dead"}
+#: One step on one shard: (ids done, ids found but refused).
+Step = Callable[[CallStore, list[str]], tuple[list[str], list[str]]]
+
+
+def chunks(ids: Sequence[str], size: int = LARGEST_STEP) -> list[list[str]]:
+    return [list(ids[start : start + size]) for start in range(0, len(ids), size)]
+
+
+def on_shards(shards: ShardSet, ids: Sequence[str], step: Step) -> tuple[list[str], list[str]]:
+    """Run ``step`` over ``ids``: on each call's home shard, then the ids it did not find there on the
+    other shards; every script call takes at most 1,000 ids. Returns (ids done, ids found but refused)."""
+    unique = list(dict.fromkeys(ids))
+    homes: dict[int, list[str]] = {}
+    stores = shards.all()
+    for call_id in unique:
+        homes.setdefault(stores.index(shards.home(call_id)), []).append(call_id)
+    done: list[str] = []
+    refused: list[str] = []
+    missing: dict[int, list[str]] = {}
+    for index, home_ids in homes.items():
+        for chunk in chunks(home_ids):
+            did, left = step(stores[index], chunk)
+            done += did
+            refused += left
+            seen = set(did) | set(left)
+            missing[index] = missing.get(index, []) + [call_id for call_id in chunk if call_id not in seen]
+    for index, lost in missing.items():
+        for other, store in enumerate(stores):
+            if other == index or not lost:
+                continue
+            found: set[str] = set()
+            for chunk in chunks(lost):
+                did, left = step(store, chunk)
+                done += did
+                refused += left
+                found |= set(did) | set(left)
+            lost = [call_id for call_id in lost if call_id not in found]
+    return done, refused
+
+
+def step_for(rd: RedisDelay, action: str, due_ms: int | None = None) -> Step:
+    """The script step of an action (``cancel`` is :meth:`RedisDelay.cancel_many`'s own)."""
+    if action == "run-now":
+        return lambda store, ids: (store.reschedule_many(ids, countdown_ms=0)[1], [])
+    if action == "reschedule":
+        if due_ms is None:
+            raise RedisDelayError("reschedule needs a due time")
+        return lambda store, ids: (store.reschedule_many(ids, due_ms=due_ms)[1], [])
+    if action == "requeue":
+        return lambda store, ids: store.requeue_many(ids)
+    if action == "purge":
+        return lambda store, ids: (store.purge_many(ids), [])
+    raise RedisDelayError(f"unknown action {action!r}; expected one of {', '.join(ACTION_STATES)}")
+
+
+def act_on(rd: RedisDelay, action: str, ids: Sequence[str], due_ms: int | None = None) -> tuple[list[str], list[str]]:
+    """Do ``action`` to the calls ``ids``: (ids done, ids found but refused: dead without a payload).
+
+    Ids that are not in the action's state (released, finished, cancelled meanwhile) are in neither.
+    """
+    if action == "cancel":
+        return rd.cancel_many(ids), []
+    return on_shards(rd.shards, ids, step_for(rd, action, due_ms))
+
+
+@dataclass
+class BulkReport:
+    """What an action on everything matching a filter did."""
+
+    action: str
+    done: int = 0  # calls changed
+    refused: int = 0  # calls found but left as they were (dead without a payload)
+    scanned: int = 0  # entries read
+    steps: int = 0  # script rounds
+    stopped: str | None = None  # why it ended before the end of the set
+    refused_ids: list[str] = field(default_factory=list)  # the first 100
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "action": self.action,
+            "done": self.done,
+            "refused": self.refused,
+            "refused_ids": self.refused_ids,
+            "scanned": self.scanned,
+            "steps": self.steps,
+            "stopped": self.stopped,
+        }
+
+
+def act_on_matching(
+    rd: RedisDelay,
+    action: str,
+    found: Filter,
+    *,
+    due_ms: int | None = None,
+    countdown_ms: int | None = None,
+    newest_first: bool = False,
+    step: int = LARGEST_STEP,
+    scan: int = 10_000,
+    most: int | None = None,
+    budget: float | None = None,
+) -> BulkReport:
+    """Do ``action`` to every call of its state that ``found`` matches, ``step`` calls per script call.
+
+    Each round reads at most ``scan`` entries (and keeps at most ``step`` matching ones), acts on them,
+    and moves the read position back over the calls that left the set (or, for a reschedule, moved
+    behind it), so no call is skipped; a reschedule leaves calls already due at the new time alone, so
+    none is moved twice. A reschedule's ``countdown_ms`` is turned into one due time when it starts.
+    It stops after ``most`` calls or ``budget`` seconds, saying so in ``stopped``; running it again
+    carries on. Calls that change state meanwhile may be skipped, as with any page.
+    """
+    state = ACTION_STATES.get(action)
+    if state is None:
+        raise RedisDelayError(f"unknown action {action!r}; expected one of {', '.join(ACTION_STATES)}")
+    if not 1 <= step <= LARGEST_STEP or scan < 1:
+        raise RedisDelayError(f"step must be from 1 to {LARGEST_STEP} and scan at least 1, not {step} and {scan}")
+    report = BulkReport(action)
+    if action == "reschedule" and countdown_ms is not None:
+        due_ms = server_ms(rd) + countdown_ms
+    if action == "run-now":
+        action, due_ms = "reschedule", server_ms(rd)  # one due time for all: each call is moved once
+    if action == "reschedule" and due_ms is None:
+        raise RedisDelayError("reschedule needs countdown_ms or due_ms")
+    if action != "reschedule":
+        due_ms = None
+    scanner = scanner_for(rd, state, None, found, newest_first=newest_first, chunk=min(step, scan))
+    started = time.monotonic()
+    while True:
+        picked, last = _pick(rd, scanner, found, report, step, scan, skip_score=due_ms)
+        if picked:
+            _act(rd, action, scanner, picked, last, report, due_ms, newest_first)
+        if scanner.exhausted:
+            return report
+        if most is not None and report.done >= most:
+            report.stopped = f"stopped after {report.done:,} calls (the most one request does); run it again"
+            return report
+        if budget is not None and time.monotonic() - started > budget:
+            report.stopped = f"stopped after {budget:.0f} s with {report.done:,} calls done; run it again"
+            return report
+
+
+def _pick(
+    rd: RedisDelay,
+    scanner: Scanner,
+    found: Filter,
+    report: BulkReport,
+    step: int,
+    scan: int,
+    skip_score: int | None,
+) -> tuple[dict[int, list[str]], dict[int, tuple[float, str]]]:
+    """The next matching ids per shard (at most ``step``), and the last entry read from each shard."""
+    picked: dict[int, list[str]] = {}
+    last: dict[int, tuple[float, str]] = {}
+    count = read = 0
+    while count < step and read < scan:
+        item = scanner.next()
+        if item is None:
+            break
+        shard, entry = item
+        read += 1
+        last[shard] = (entry.score_ms, entry.id)
+        if skip_score is not None and entry.score_ms == skip_score:
+            continue  # already due at the new time (moved by an earlier round)
+        if found.matches(rd, entry):
+            picked.setdefault(shard, []).append(entry.id)
+            count += 1
+    report.scanned += read
+    return picked, last
+
+
+def _act(
+    rd: RedisDelay,
+    action: str,
+    scanner: Scanner,
+    picked: dict[int, list[str]],
+    last: dict[int, tuple[float, str]],
+    report: BulkReport,
+    due_ms: int | None,
+    newest_first: bool,
+) -> None:
+    """One round: the action on the picked ids, then the read position moved back over the calls that
+    left the part of the set already read."""
+    ids = [call_id for shard_ids in picked.values() for call_id in shard_ids]
+    done, refused = act_on(rd, action, ids, due_ms)
+    report.steps += 1
+    report.done += len(done)
+    report.refused += len(refused)
+    report.refused_ids += refused[: max(0, 100 - len(report.refused_ids))]
+    gone = set(done)
+    for shard, shard_ids in picked.items():
+        left = [call_id for call_id in shard_ids if call_id in gone]
+        if due_ms is not None:
+            # A rescheduled call left the part already read only if its new place sorts after the last read.
+            edge = last[shard]
+            left = [i for i in left if ((due_ms, i) < edge if newest_first else (due_ms, i) > edge)]
+        scanner.offsets[shard] -= len(left)
+    scanner.reset()

@@ -1,0 +1,279 @@
+"""What an operator sees and does, over all shards: the logic behind ``celery -A proj redisdelay ...``.
+
+Plain functions taking a :class:`RedisDelay`, so scripts and tests get what the command line prints.
+Every read is bounded: pages read at most ``limit`` entries per shard and resume from a cursor of
+per-shard offsets, and the bulk operations run a script that handles at most 1,000 entries per call.
+Only per-key commands and non-transactional pipelines are used, so all of it works on a Redis Cluster.
+Times are the Redis server's clock, in ms since the epoch, as the scores are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RedisDelayError
+from ..store.calls import LARGEST_STEP, CallStore, redis_errors, text
+from ..store.meta import decode_meta
+from .listing import ORDERS, SCORE_MEANING, Filter, Page, entry_dict, format_cursor, iso, page, parse_cursor, server_ms
+from .payloads import PICKLE, SHOWN_HEADERS, decode_payload, queue_of
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+
+__all__ = [
+    "LARGEST_STEP",
+    "ORDERS",
+    "PICKLE",
+    "SCORE_MEANING",
+    "SHOWN_HEADERS",
+    "Filter",
+    "Page",
+    "RequeueReport",
+    "dead_count",
+    "decode_payload",
+    "describe",
+    "entry_dict",
+    "format_cursor",
+    "iso",
+    "page",
+    "parse_cursor",
+    "purge_dead",
+    "requeue_all_dead",
+    "server_ms",
+    "status",
+]
+
+#: How many ids of dead calls without payload a requeue report names (it counts them all).
+NAMED_IDS = 100
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+
+def status(rd: RedisDelay) -> dict[str, Any]:
+    """Counts per state over all shards, the release and sweep backlogs with their oldest call, batch
+    groups, and an estimate of the memory our keys use.
+
+    ``shards`` is ``redisdelay_shards``; ``retired_shards`` counts the stores of earlier shard counts
+    (the unsharded layout among them), which are read too since they may still hold calls.
+
+    ``due`` counts delayed calls already due (``oldest_overdue``: the one due longest ago);
+    ``inflight_expired`` counts calls in flight past their deadline (``oldest_expired``), which the next
+    sweep delivers again or dead-letters. ``memory_bytes_estimate`` adds up ``MEMORY USAGE`` (which
+    samples large keys) of each shard's nine fixed keys; batch item lists and locks are not counted; None
+    when the server refuses ``MEMORY``. ``locks_with_waiters`` counts locks with calls deferred behind
+    them (the lock scripts keep the count; lines that started waiting before it was kept are not in it).
+    """
+    stores = rd.shards.all()
+    names = (
+        "delayed",
+        "due",
+        "inflight",
+        "inflight_expired",
+        "dead",
+        "batch_groups",
+        "batch_items",
+        "locks_with_waiters",
+    )
+    totals = dict.fromkeys(names, 0)
+    memory: int | None = 0
+    firsts: dict[str, list[tuple[float, float, str, CallStore]]] = {"delayed": [], "inflight": []}
+    for store in stores:
+        keys = store.keys
+        now = server_ms(rd, store)
+        with redis_errors("read the store's counts"):
+            pipe = store.client.pipeline(transaction=False)
+            pipe.zcard(keys.delayed)
+            pipe.zcount(keys.delayed, "-inf", now)
+            pipe.zcard(keys.inflight)
+            pipe.zcount(keys.inflight, "-inf", now)
+            pipe.zcard(keys.dead)
+            pipe.zcard(keys.batches)
+            pipe.hmget(keys.counters, ["batch_items", "lock_lines"])
+            pipe.zrange(keys.delayed, 0, 0, withscores=True)
+            pipe.zrange(keys.inflight, 0, 0, withscores=True)
+            for key in keys.store_keys:
+                pipe.memory_usage(key)
+            replies = pipe.execute(raise_on_error=False)
+            counted = replies[:9]
+            for reply in counted:
+                if isinstance(reply, Exception):
+                    raise reply
+        *counts, items, first_delayed, first_inflight = counted
+        for name, count in zip(totals, [*counts, *(int(item or 0) for item in items)], strict=True):
+            totals[name] += int(count)
+        for state, first in (("delayed", first_delayed), ("inflight", first_inflight)):
+            if first and first[0][1] <= now:
+                firsts[state].append(((now - first[0][1]) / 1000, first[0][1], text(first[0][0]), store))
+        usage = [0 if size is None else size for size in replies[9:]]  # None: the key does not exist
+        if memory is None or not all(isinstance(size, int) for size in usage):
+            memory = None
+        else:
+            memory += sum(usage)
+    return {
+        "shards": rd.shards.count,
+        "retired_shards": len(stores) - rd.shards.count,
+        **totals,
+        "oldest_overdue": _oldest(firsts["delayed"]),
+        "oldest_expired": _oldest(firsts["inflight"]),
+        "memory_bytes_estimate": memory,
+    }
+
+
+def _oldest(candidates: list[tuple[float, float, str, CallStore]]) -> dict[str, Any] | None:
+    """The latest of the shards' first calls (each shard's lateness by its own clock), with its task."""
+    if not candidates:
+        return None
+    late, score, call_id, store = max(candidates, key=lambda candidate: candidate[0])
+    with redis_errors(f"read the metadata of call {call_id}"):
+        raw: Any = store.client.hget(store.keys.meta, call_id)
+    meta = decode_meta(raw)
+    return {
+        "id": call_id,
+        "task": meta.get("t"),
+        "score_ms": int(score),
+        "time": iso(score),
+        "late_seconds": late,
+    }
+
+
+# -- one call ---------------------------------------------------------------------------------------
+
+
+def describe(rd: RedisDelay, call_id: str) -> dict[str, Any] | None:
+    """Everything the store holds about one call, its arguments decoded; None when it holds nothing.
+
+    No event log is kept per call (each would cost memory for every parked call): what is known of its
+    history is in the metadata, as the deliveries so far, the phase it was last seen in, the deferrals
+    behind a busy lock and, for a dead call, why it was dead-lettered.
+    """
+    entry = rd.find(call_id)
+    if entry is None:
+        return None
+    now = server_ms(rd)
+    meta = entry.meta
+    payload = None if entry.envelope is None else decode_payload(rd, entry.envelope)
+    return {
+        "id": entry.id,
+        "state": entry.state,
+        "score_meaning": SCORE_MEANING[entry.state],
+        "score_ms": int(entry.score_ms),
+        "time": iso(entry.score_ms),
+        "seconds_from_now": (entry.score_ms - now) / 1000,
+        "task": meta.get("t"),
+        "phase": meta.get("s"),
+        "deliveries": meta.get("d", 0),
+        "max_deliveries": meta.get("m"),
+        "run_timeout_ms": meta.get("r"),
+        "queue_timeout_ms": meta.get("q"),
+        "deferrals": meta.get("w", 0),
+        "key": meta.get("k"),
+        "broker_list": meta.get("l"),
+        "why": meta.get("why"),
+        "meta": meta,
+        "queue": queue_of(rd, meta, entry.envelope),
+        "payload": payload,
+        "lock": None if payload is None else lock_of(rd, entry.id, meta.get("t"), payload),
+        "now_ms": now,
+    }
+
+
+def lock_of(rd: RedisDelay, call_id: str, task_name: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The lock a call takes when it runs (its task's ``lock`` template filled with its arguments) and
+    that lock's state now; None when its task declares no lock or is not registered in this process."""
+    task = rd.app.tasks.get(task_name) if isinstance(task_name, str) else None
+    if getattr(task, "lock", None) is None or not payload["decoded"]:
+        return None
+    try:
+        name = task.lock_name(payload["args"] or (), payload["kwargs"] or {})  # type: ignore[union-attr]
+    except RedisDelayError as exc:
+        return {"name": None, "note": str(exc)}
+    store = rd.shards.for_name(name)
+    with redis_errors(f"read lock {name}"):
+        pipe = store.client.pipeline(transaction=False)
+        pipe.pttl(store.keys.lock(name))
+        pipe.zcard(store.keys.lock_waiters(name))
+        pipe.zscore(store.keys.lock_waiters(name), call_id)
+        expires_ms, waiters, waiting_since = pipe.execute()
+    return {
+        "name": name,
+        "held": int(expires_ms) != -2,  # -2: no such key; -1: held without expiry
+        "expires_in_ms": int(expires_ms) if int(expires_ms) >= 0 else None,
+        "waiters": int(waiters),
+        "waiting": waiting_since is not None,
+        "note": None,
+    }
+
+
+# -- bulk operations --------------------------------------------------------------------------------
+
+
+@dataclass
+class RequeueReport:
+    """What ``requeue --all-dead`` did: calls requeued, and dead calls left because they have no payload."""
+
+    requeued: int = 0
+    without_payload: int = 0
+    without_payload_ids: list[str] = field(default_factory=list)  # the first NAMED_IDS of them
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "requeued": self.requeued,
+            "without_payload": self.without_payload,
+            "without_payload_ids": self.without_payload_ids,
+        }
+
+
+def _check_step(step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= LARGEST_STEP:
+        raise RedisDelayError(f"step must be an integer from 1 to {LARGEST_STEP}, not {step!r}")
+
+
+def requeue_all_dead(rd: RedisDelay, step: int = LARGEST_STEP) -> RequeueReport:
+    """Give every dead-lettered call a fresh start, due now, ``step`` entries per script call.
+
+    A dead entry without payload has nothing to run: it stays dead, is counted, and later steps pass
+    over it. Calls dead-lettered while this runs may be requeued too.
+    """
+    _check_step(step)
+    report = RequeueReport()
+    for store in rd.shards.all():
+        passed = 0
+        while True:
+            requeued, looked_at, left = store.requeue_dead(step, passed)
+            report.requeued += requeued
+            passed += len(left)
+            report.without_payload += len(left)
+            room = max(NAMED_IDS - len(report.without_payload_ids), 0)
+            report.without_payload_ids.extend(left[:room])
+            if looked_at < step:
+                break
+    return report
+
+
+def dead_count(rd: RedisDelay, before_ms: int | None = None) -> int:
+    """How many calls are dead-lettered over all shards (with ``before_ms``, dead since then or earlier)."""
+    total = 0
+    for store in rd.shards.all():
+        with redis_errors("count dead-lettered calls"):
+            total += int(store.client.zcount(store.keys.dead, "-inf", "+inf" if before_ms is None else before_ms))
+    return total
+
+
+def purge_dead(rd: RedisDelay, step: int = LARGEST_STEP, before_ms: int | None = None) -> int:
+    """Delete dead-lettered calls for good, with their payload, metadata and unique-key entry; how many.
+
+    With ``before_ms``, only calls dead-lettered at or before then: what an operator counted and
+    confirmed, not what died since. ``step`` entries go per script call.
+    """
+    _check_step(step)
+    bound = "+inf" if before_ms is None else str(before_ms)
+    purged = 0
+    for store in rd.shards.all():
+        while True:
+            deleted = store.purge_dead(step, bound)
+            purged += deleted
+            if deleted < step:
+                break
+    return purged

@@ -1,0 +1,285 @@
+"""Pages of calls over all shards: the one paginator behind ``redisdelay list``, the dashboard's lists and
+the bulk actions on everything matching a filter.
+
+Every read is bounded: a shard is read a chunk at a time, only when the entries already read from it
+are used up, and a page resumes from a cursor of per-shard offsets. Offsets count from the oldest score
+(or, newest first, from the newest). With a filter (task, queue, a search in the arguments) reading goes
+on past the calls that do not match, but stops after ``scan`` entries and says so. Only per-key
+commands and non-transactional pipelines are used, so all of it works on a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RedisDelayError
+from ..store.calls import STATES, CallStore, Entry, redis_errors
+from ..store.calls import server_ms as clock_of
+from .payloads import arguments_text, queue_of
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+
+#: What the score of each state means.
+SCORE_MEANING = {"delayed": "due", "inflight": "deadline", "dead": "dead since"}
+#: The orders a page can be read in: by score, oldest or newest first.
+ORDERS = ("oldest", "newest")
+#: With a filter, entries are read this many at a time per shard (or ``limit``, if larger; never more
+#: than ``scan``): fewer round trips for the calls the filter passes over.
+FILTER_CHUNK = 500
+
+
+def server_ms(rd: RedisDelay, store: CallStore | None = None) -> int:
+    """The clock of the Redis server holding a shard (the first by default), in ms since the epoch: the
+    clock the shard's scores were set by."""
+    store = store or rd.store
+    with redis_errors("read the Redis clock"):
+        return clock_of(store.client, store.keys.delayed)
+
+
+def iso(ms: float) -> str:
+    """A score as an ISO 8601 time in UTC, to the ms (``2025-01-31T12:00:00.250Z``)."""
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def state_key(store: CallStore, state: str) -> str:
+    if state not in STATES:
+        raise RedisDelayError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
+    key: str = getattr(store.keys, state)
+    return key
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Which calls a page keeps: of one task (its registered name), routed to one queue, and whose
+    arguments contain ``search`` (any case, in args and kwargs as JSON: :func:`payloads.arguments_text`)."""
+
+    task: str | None = None
+    queue: str | None = None
+    search: str | None = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self.task or self.queue or self.search)
+
+    def matches(self, rd: RedisDelay, entry: Entry) -> bool:
+        if self.task and entry.meta.get("t") != self.task:
+            return False
+        if self.queue and entry.queue != self.queue:
+            return False
+        if self.search:
+            found = arguments_text(rd, entry.envelope)
+            return found is not None and self.search.casefold() in found.casefold()
+        return True
+
+    def describe(self) -> str:
+        parts = [f"task {self.task}" if self.task else "", f"queue {self.queue}" if self.queue else ""]
+        parts.append(f"arguments containing {self.search!r}" if self.search else "")
+        return ", ".join(part for part in parts if part) or "no filter"
+
+
+# -- cursors ----------------------------------------------------------------------------------------
+
+
+def parse_cursor(cursor: str | None, shards: int) -> list[int]:
+    """The per-shard offsets of a cursor (``"12.0.7"``, one per store of ``rd.shards.all()``); all zero
+    without one."""
+    if not cursor:
+        return [0] * shards
+    try:
+        offsets = [int(part) for part in cursor.split(".")]
+    except ValueError:
+        offsets = []
+    if not offsets or any(offset < 0 for offset in offsets):
+        raise RedisDelayError(f"cursor {cursor!r} is not one that list printed (offsets joined by dots, like 12.0.7)")
+    if len(offsets) != shards:
+        raise RedisDelayError(
+            f"cursor {cursor!r} has {len(offsets)} offsets but there are {shards} shards to read now; "
+            "start again without --cursor"
+        )
+    return offsets
+
+
+def format_cursor(offsets: list[int]) -> str:
+    return ".".join(str(offset) for offset in offsets)
+
+
+# -- reading --------------------------------------------------------------------------------------
+
+
+class Scanner:
+    """The entries of one state over several shards, merged by score as they are read.
+
+    A shard is read ``chunk`` entries at a time (with their metadata and queue), and only once the
+    entries already read from it are used up. ``offsets`` count the entries consumed per shard: the
+    cursor of what :meth:`next` has not returned yet. Payloads are read for every entry with
+    ``payloads="all"`` (the argument search needs them), else only for entries whose metadata does not
+    name their queue.
+    """
+
+    def __init__(
+        self,
+        rd: RedisDelay,
+        stores: list[CallStore],
+        state: str,
+        offsets: list[int],
+        *,
+        newest_first: bool = False,
+        chunk: int = 50,
+        payloads: str = "unrouted",
+    ) -> None:
+        self.rd, self.stores, self.state = rd, stores, state
+        self.offsets = list(offsets)
+        self.newest_first, self.chunk, self.payloads = newest_first, chunk, payloads
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget what was read ahead, so the next read starts at ``offsets`` (after changing the sets)."""
+        self._buffers: list[deque[Entry]] = [deque() for _ in self.stores]
+        self._heads: list[tuple[float, str, int]] = []  # (sort score, id, shard) of each buffer's first entry
+        self._unread = list(range(len(self.stores)))  # shards with an empty buffer that may hold more
+        self._sizes = [0] * len(self.stores)
+
+    @property
+    def exhausted(self) -> bool:
+        return not self._heads and not self._unread
+
+    def next(self) -> tuple[int, Entry] | None:
+        """The next entry in order, with the index of its shard; None at the end."""
+        for shard in self._unread:
+            entries, self._sizes[shard] = self._read(shard)
+            if entries:
+                self._buffers[shard].extend(entries)
+                self._push(shard)
+        self._unread = []
+        if not self._heads:
+            return None
+        _, _, shard = heapq.heappop(self._heads)
+        entry = self._buffers[shard].popleft()
+        self.offsets[shard] += 1
+        if self._buffers[shard]:
+            self._push(shard)
+        elif self.offsets[shard] < self._sizes[shard]:
+            self._unread.append(shard)
+        return shard, entry
+
+    def _push(self, shard: int) -> None:
+        first = self._buffers[shard][0]
+        heapq.heappush(self._heads, (-first.score_ms if self.newest_first else first.score_ms, first.id, shard))
+
+    def _read(self, shard: int) -> tuple[list[Entry], int]:
+        """Up to ``chunk`` entries of one shard from its offset on, with the queue each goes to, and the set's size."""
+        state_key(self.stores[shard], self.state)  # a clear error for a state that is not one
+        entries, size = self.stores[shard].read(
+            self.state, self.offsets[shard], self.chunk, newest_first=self.newest_first, payloads=self.payloads
+        )
+        return [replace(entry, queue=queue_of(self.rd, entry.meta, entry.envelope)) for entry in entries], size
+
+
+@dataclass(frozen=True)
+class Page:
+    """A page of calls in one state, by score over all shards, and where the next one starts.
+
+    ``next_cursor`` is None on the last page. ``scanned`` entries were read past to fill it: with a
+    filter, ``scan_stopped`` says the page ended at the ``scan`` bound before it was full.
+    """
+
+    state: str
+    calls: list[Entry]
+    now_ms: int
+    next_cursor: str | None
+    scanned: int
+    scan_stopped: bool = False
+    order: str = "oldest"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "order": self.order,
+            "calls": [entry_dict(entry, self.now_ms) for entry in self.calls],
+            "next_cursor": self.next_cursor,
+            "scanned": self.scanned,
+            "scan_stopped": self.scan_stopped,
+            "now_ms": self.now_ms,
+        }
+
+
+def entry_dict(entry: Entry, now_ms: int) -> dict[str, Any]:
+    """One listed call as plain data: its score as ms, ISO time and seconds from now (negative: past)."""
+    meta = entry.meta
+    return {
+        "id": entry.id,
+        "state": entry.state,
+        "task": meta.get("t"),
+        "queue": entry.queue,
+        "score_ms": int(entry.score_ms),
+        "time": iso(entry.score_ms),
+        "seconds_from_now": (entry.score_ms - now_ms) / 1000,
+        "deliveries": meta.get("d", 0),
+        "max_deliveries": meta.get("m"),
+        "phase": meta.get("s"),
+        "why": meta.get("why"),
+    }
+
+
+def scanner_for(
+    rd: RedisDelay, state: str, cursor: str | None, found: Filter, *, newest_first: bool, chunk: int
+) -> Scanner:
+    """A scanner of ``state`` over every shard from ``cursor`` on, reading what ``found`` needs."""
+    stores = rd.shards.all()
+    state_key(stores[0], state)
+    offsets = parse_cursor(cursor, len(stores))
+    payloads = "all" if found.search else "unrouted"
+    return Scanner(rd, stores, state, offsets, newest_first=newest_first, chunk=chunk, payloads=payloads)
+
+
+def page(
+    rd: RedisDelay,
+    state: str,
+    *,
+    limit: int = 50,
+    cursor: str | None = None,
+    task: str | None = None,
+    queue: str | None = None,
+    search: str | None = None,
+    newest_first: bool = False,
+    scan: int = 10_000,
+) -> Page:
+    """A page of up to ``limit`` calls in ``state``, by score (then id) over all shards, from ``cursor`` on;
+    oldest first, or with ``newest_first`` newest first (its cursors count from the newest).
+
+    The shards' entries are merged as they are read, ``limit`` at a time per shard: without a filter each
+    shard is read once per page. With ``task``, ``queue`` or ``search``, only the calls that match are
+    kept and reading goes on past the others, but stops once ``scan`` entries were read; the next cursor
+    resumes there. Offsets move as calls come and go, so a page of a set that changes meanwhile may skip
+    or repeat a call.
+    """
+    if limit < 1 or scan < 1:
+        raise RedisDelayError(f"limit and scan must be at least 1, not {limit} and {scan}")
+    found = Filter(task or None, queue or None, search or None)
+    chunk = max(limit, min(scan, FILTER_CHUNK)) if found.active else limit
+    scanner = scanner_for(rd, state, cursor, found, newest_first=newest_first, chunk=chunk)
+    now = server_ms(rd)
+    calls: list[Entry] = []
+    scanned = 0
+    while len(calls) < limit and (not found.active or scanned < scan):
+        step = scanner.next()
+        if step is None:
+            break
+        scanned += 1
+        if found.matches(rd, step[1]):
+            calls.append(replace(step[1], envelope=None))
+    more = not scanner.exhausted
+    return Page(
+        state,
+        calls,
+        now,
+        format_cursor(scanner.offsets) if more else None,
+        scanned,
+        scan_stopped=found.active and more and len(calls) < limit,
+        order=ORDERS[newest_first],
+    )

@@ -1,0 +1,117 @@
+"""Metrics: counts per state and running totals, read from Redis; a Prometheus exporter (an extra).
+
+The totals are kept by the store's scripts in each shard's ``counters`` hash, in the same atomic
+step as the change they count, so they are exact and shared by every process: any exporter, on any
+host, reports the whole deployment. Install ``celery-redisdelay[prometheus]`` and run
+``celery -A proj redisdelay exporter --port 9808``, or register :class:`RedisDelayCollector` in a
+registry of your own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..store.calls import redis_errors, text
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+
+#: Upper bounds of the release lateness buckets, in ms (release.lua's LATENESS_BOUNDS).
+LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
+#: Running totals: counter field -> (metric name, help).
+TOTALS = {
+    "released": ("released", "Calls taken from the delay set for the broker (a failed publish gives one back)."),
+    "swept": ("swept", "In-flight calls past their deadline put back for another delivery."),
+    "dead_lettered": ("dead_lettered", "Calls moved to the dead-letter set."),
+    "acked": ("acknowledged", "Calls acknowledged by a worker (finished)."),
+    "revoked": ("revoked", "Released calls a worker discarded unrun because they were revoked."),
+    "expired": ("expired", "Released calls a worker discarded unrun because their expires had passed."),
+    "cancelled": ("cancelled", "Parked calls dropped by cancel, or by a worker that heard their revoke."),
+    "batches_flushed": ("batches_flushed", "Batch groups turned into one call."),
+    "lock_deferrals": ("lock_deferrals", "Calls deferred because their lock was busy."),
+}
+
+
+@dataclass
+class Snapshot:
+    """Counts per state (summed over shards) and running totals since the store was created."""
+
+    states: dict[str, int]
+    totals: dict[str, int]
+    lateness_buckets: list[tuple[float, int]] = field(default_factory=list)  # (upper bound in s, cumulative)
+    lateness_sum_seconds: float = 0.0
+
+
+def snapshot(rd: RedisDelay) -> Snapshot:
+    """Read the state counts and the totals of every shard."""
+    summed: dict[str, int] = {}
+    stores = rd.shards.all()
+    with redis_errors("read the counters"):
+        for store in stores:
+            for key, value in rd.client.hgetall(store.keys.counters).items():
+                name = text(key)
+                summed[name] = summed.get(name, 0) + int(value)
+    states = rd.stats()
+    cumulative, buckets = 0, []
+    for bound in LATENESS_BOUNDS_MS:
+        cumulative += summed.get(f"late_le_{bound}", 0)
+        buckets.append((bound / 1000, cumulative))
+    buckets.append((float("inf"), cumulative + summed.get("late_le_inf", 0)))
+    return Snapshot(
+        states=states,
+        totals={name: summed.get(name, 0) for name in TOTALS},
+        lateness_buckets=buckets,
+        lateness_sum_seconds=summed.get("late_ms_sum", 0) / 1000,
+    )
+
+
+class RedisDelayCollector:
+    """A ``prometheus_client`` collector: every scrape reads Redis (a few commands per shard)."""
+
+    def __init__(self, rd: RedisDelay, namespace: str = "redisdelay") -> None:
+        self.rd = rd
+        self.namespace = namespace
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked collector: the families are built on each scrape
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        ns = self.namespace
+        shot = snapshot(self.rd)
+        calls = GaugeMetricFamily(f"{ns}_calls", "Calls stored, by state.", labels=["state"])
+        for state in ("delayed", "inflight", "dead"):
+            calls.add_metric([state], shot.states.get(state, 0))
+        yield calls
+        for name, help_text in (
+            ("due", "Delayed calls already due (waiting for a releaser)."),
+            ("inflight_expired", "In-flight calls past their deadline (waiting for a sweep)."),
+            ("batch_groups", "Batch groups with items waiting."),
+            ("batch_items", "Items waiting in batch groups."),
+        ):
+            yield GaugeMetricFamily(f"{ns}_{name}", help_text, value=shot.states.get(name, 0))
+        for field_name, (name, help_text) in TOTALS.items():
+            yield CounterMetricFamily(f"{ns}_{name}", help_text, value=shot.totals[field_name])
+        yield HistogramMetricFamily(
+            f"{ns}_release_lateness_seconds",
+            "How long after its due time a call left the delay set.",
+            buckets=[
+                ("+Inf" if bound == float("inf") else str(bound), count) for bound, count in shot.lateness_buckets
+            ],
+            sum_value=shot.lateness_sum_seconds,
+        )
+
+
+def serve(rd: RedisDelay, port: int, address: str = "127.0.0.1") -> Any:
+    """Serve ``/metrics`` on ``address:port`` in a thread; returns the server (``shutdown()`` stops it)."""
+    try:
+        from prometheus_client import CollectorRegistry, start_http_server
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError("the exporter needs prometheus-client: pip install 'celery-redisdelay[prometheus]'") from exc
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RedisDelayCollector(rd))
+    server, _thread = start_http_server(port, addr=address, registry=registry)
+    return server

@@ -1,0 +1,181 @@
+"""The validation: N messages, a consumer that fails every other one, all N processed in the end; run
+through the real path: park, release, fail, sweep, redeliver, ack.
+
+``count`` messages are parked for a consumer task that fails every ``fail_every``-th delivery without
+acknowledging it (it raises :class:`Abandon`); the sweep brings those back after ``timeout`` seconds.
+The run ends when every message has been processed and none of its calls is left in the store, or at
+the deadline. The report also counts duplicates (processed more than once), not only missing messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from ..errors import Abandon, RedisDelayError
+from ..store.calls import text
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+
+CONSUMER_TASK = "redisdelay.validate_consumer"
+VALIDATE_TASK = "redisdelay.validate"
+#: Deliveries allowed to one validation message before it is dead-lettered; with fail-every-other a
+#: message fails k times in a row with probability 2**-k, so this is never reached by chance.
+CONSUMER_MAX_DELIVERIES = 64
+logger = logging.getLogger(__name__)
+POLL_SECONDS = 0.05
+
+
+@dataclass
+class ValidationReport:
+    """The outcome of a validation run; ``ok`` when nothing is missing."""
+
+    run_id: str
+    expected: int
+    processed: int
+    missing: list[int] = field(default_factory=list)
+    duplicates: list[int] = field(default_factory=list)
+    deliveries: int = 0
+    failures: int = 0
+    dead: int = 0
+    elapsed: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ok": self.ok}
+
+
+def register_validation_tasks(rd: RedisDelay) -> None:
+    """Register ``redisdelay.validate`` and its consumer on ``rd``'s app."""
+
+    @rd.delayed(name=CONSUMER_TASK, bind=True, ignore_result=True, max_deliveries=CONSUMER_MAX_DELIVERIES)
+    def consume(self: Any, run_id: str, number: int, fail_every: int) -> None:
+        consume_message(rd, run_id, number, fail_every)
+
+    @rd.app.task(name=VALIDATE_TASK, shared=False)  # type: ignore[untyped-decorator]
+    def validate(
+        count: int = 1000, fail_every: int = 2, timeout: float = 5.0, deadline: float = 600.0
+    ) -> dict[str, Any]:
+        """Run a validation and return its report (needs a worker with a free slot for the consumer)."""
+        return run_validation(rd, count, fail_every=fail_every, timeout=timeout, deadline=deadline).as_dict()
+
+
+def consume_message(rd: RedisDelay, run_id: str, number: int, fail_every: int) -> None:
+    """One delivery of message ``number`` of validation ``run_id``: record it as processed, or fail every
+    ``fail_every``-th delivery of the run on purpose (raising :class:`Abandon`, so it is delivered again).
+    The consumer's body; other tasks of a chaos run record their messages with it too."""
+    try:
+        consumed = rd.store.validate_consume(rd.keys.validation_keys(run_id), number, fail_every)
+    except redis.RedisError as exc:
+        # The record may not have been written: a failure here would be acknowledged (Celery does not
+        # retry it) and the message lost to the check. Leave it in flight; the sweep delivers it again.
+        raise Abandon(f"validation run {run_id}: could not record message {number}: {exc}") from exc
+    if not consumed:
+        raise Abandon(f"validation run {run_id}: failing delivery of message {number} on purpose")
+
+
+def park_call(task: Any, args: tuple[Any, ...], options: dict[str, Any]) -> str:
+    """How :func:`run_validation` parks a message unless told otherwise: ``task.apply_async``."""
+    return str(task.apply_async(args, **options).id)
+
+
+def run_validation(
+    rd: RedisDelay,
+    count: int,
+    *,
+    fail_every: int = 2,
+    timeout: float = 5.0,
+    deadline: float = 600.0,
+    queue_timeout: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    park: Callable[[Any, tuple[Any, ...], dict[str, Any]], str] = park_call,
+) -> ValidationReport:
+    """Park ``count`` messages for the consumer and wait (polling Redis) until all are done.
+
+    Workers and a tick (beat, or another releaser) must be running against the same app. ``park(task,
+    args, options)`` parks one message and returns its id (the chaos runner's records each park and
+    retries the ones a failover did not confirm).
+    """
+    if count < 1:
+        raise RedisDelayError(f"count must be at least 1, not {count}")
+    if fail_every == 1 or fail_every < 0:
+        raise RedisDelayError(f"fail_every must be 0 (never fail) or at least 2, not {fail_every}")
+    run_id = uuid.uuid4().hex[:12]
+    processed_key = rd.keys.validation_keys(run_id)[0]
+    consumer = rd.app.tasks[CONSUMER_TASK]
+    # Calls released in bulk wait in the broker queue; give them longer than a run before sweeping.
+    queue_timeout = queue_timeout if queue_timeout is not None else max(30.0, 6 * timeout)
+    started = time.monotonic()
+    options = {"visibility_timeout": timeout, "queue_timeout": queue_timeout}
+    ids = [park(consumer, (run_id, number, fail_every), dict(options)) for number in range(count)]
+    give_up = started + deadline
+    timed_out = True
+    while time.monotonic() < give_up:
+        try:
+            done = rd.client.hlen(processed_key)
+            finished = done >= count and not _pending(rd, ids)
+        except redis.RedisError as exc:
+            # Redis restarting or failing over: the run goes on without us; look again.
+            logger.warning("validation run %s: cannot read its progress (%s); retrying", run_id, exc)
+            time.sleep(POLL_SECONDS)
+            continue
+        if progress is not None:
+            progress(done, count)
+        if finished:
+            timed_out = False
+            break
+        time.sleep(POLL_SECONDS)
+    elapsed = time.monotonic() - started
+    dead = sum(
+        score is not None
+        for store in rd.shards.all()
+        for start in range(0, len(ids), 1000)
+        for score in rd.client.zmscore(store.keys.dead, ids[start : start + 1000])
+    )
+    return collect_report(rd, run_id, range(count), dead=dead, elapsed=elapsed, timed_out=timed_out)
+
+
+def collect_report(
+    rd: RedisDelay, run_id: str, numbers: Collection[int], *, dead: int, elapsed: float, timed_out: bool
+) -> ValidationReport:
+    """The report of run ``run_id``, whose messages are ``numbers``, from its record in Redis (then deleted)."""
+    processed_key, counters_key = rd.keys.validation_keys(run_id)
+    times = {int(number): int(n) for number, n in rd.client.hgetall(processed_key).items()}
+    counters = {text(key): int(value) for key, value in rd.client.hgetall(counters_key).items()}
+    rd.client.delete(processed_key, counters_key)
+    return ValidationReport(
+        run_id=run_id,
+        expected=len(numbers),
+        processed=len(times),
+        missing=[number for number in sorted(numbers) if number not in times],
+        duplicates=sorted(number for number, n in times.items() if n > 1),
+        deliveries=counters.get("deliveries", 0),
+        failures=counters.get("failures", 0),
+        dead=dead,
+        elapsed=round(elapsed, 3),
+        timed_out=timed_out,
+    )
+
+
+def _pending(rd: RedisDelay, ids: list[str], chunk: int = 1000) -> bool:
+    """Whether any of the run's calls is still delayed or in flight."""
+    for store in rd.shards.all():
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            pipe = rd.client.pipeline(transaction=False)
+            pipe.zmscore(store.keys.delayed, part)
+            pipe.zmscore(store.keys.inflight, part)
+            if any(score is not None for scores in pipe.execute() for score in scores):
+                return True
+    return False

@@ -1,0 +1,106 @@
+"""``task.park_many``: park many calls of one task with the same options, fast.
+
+Celery builds the first call's message as usual (routing, headers, options); the others are rendered
+from it by a :class:`~celery_redisdelay.producer.templates.CallTemplate`, each with its own id, arguments and
+argument repr, without going through Celery's ``send_task`` again, and a thousand calls go to Redis in
+one script call. What is stored for each call is what ``apply_async`` would have stored, except that
+Celery's ``before/after_task_publish`` signals are sent for the first call only, and an ``expires``
+instant is computed once for all of them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from celery.result import AsyncResult
+
+from ..errors import PayloadError
+from ..message.envelope import Envelope
+from ..message.stored import encode_stored
+from ..store.calls import CallStore, due_args
+from ..store.meta import Limits, meta_json, routed
+from .templates import CallTemplate
+
+if TYPE_CHECKING:
+    from .schedule import Due
+    from .task import DelayedTask
+
+#: Calls per script call.
+CHUNK = 1000
+#: Options that make each call depend on what is stored: those calls are parked one by one.
+KEYED = ("unique_key", "debounce_key")
+
+
+def park_many(
+    task: DelayedTask, calls: Iterable[Sequence[Any]], kwargs: Any, options: dict[str, Any]
+) -> list[AsyncResult]:
+    """Park ``task(*args, **kwargs)`` for each ``args`` in ``calls``; see :meth:`DelayedTask.park_many`."""
+    every = [tuple(args) for args in calls]
+    if not every:
+        return []
+    rd = task.redisdelay
+    app = task._get_app()
+    one_by_one = task.lock is not None and rd.shards.count > 1  # each call goes beside its own lock
+    if app.conf.task_always_eager or options.get("compression") or one_by_one or any(k in options for k in KEYED):
+        return [task.apply_async(args, kwargs, **options) for args in every]
+    # Each chunk of calls goes to one shard (one script call), the chunks in turns from a random one.
+    stores = rd.shards.stores
+    first_shard = random.randrange(len(stores))
+
+    def store_of(index: int) -> CallStore:
+        return stores[(first_shard + index // CHUNK) % len(stores)]
+
+    ids: list[str] = []
+    for start in range(0, len(every), CHUNK):
+        ids.extend(rd.shards.new_ids(min(CHUNK, len(every) - start), store_of(start)))
+    captured: list[tuple[Envelope, Due, Limits]] = []
+    task.apply_async(every[0], kwargs, task_id=ids[0], _redisdelay_capture=captured, **options)
+    [(envelope, due, limits)] = captured
+    first, fast = encode_stored(app, rd.broker_layout if rd.wire_format else None, envelope)
+    template = CallTemplate.of(
+        app,
+        envelope,
+        first,
+        fast,
+        given=(every[0], kwargs),
+        fixed_reprs=("argsrepr" in options, "kwargsrepr" in options),
+        per_call_only=False,
+    )
+    if template is None:  # something a template cannot copy: each call through Celery
+        return [task.apply_async(args, kwargs, **options) for args in every]
+    rd.check_size(envelope.task, len(first))
+    meta = meta_json(routed(limits, fast.key) if fast else limits)
+    # Every message is built before anything is written: a call that cannot be serialized stores nothing.
+    check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
+    fitting = {len(every[0])}  # the first call went through Celery's apply_async, which checked it
+    kwargsrepr, body_rest = template.kwargsrepr(kwargs or {}), template.body_rest(kwargs or {})
+    reply_to = envelope.properties.get("reply_to")
+    flat: list[Any] = [ids[0], first]
+    for index, args in enumerate(every[1:], start=1):
+        if check_arguments is not None and len(args) not in fitting:
+            # Celery's check looks at how many arguments there are and their names, not their values:
+            # with the same kwargs, one call of each length tells for all.
+            check_arguments(*args, **(kwargs or {}))
+            fitting.add(len(args))
+        if task.lock is not None:
+            task.lock_name(args, kwargs or {})  # a lock its arguments cannot name is refused, as by apply_async
+        call_id = ids[index]
+        try:
+            stored = template.render(call_id, args, kwargs or {}, reply_to, kwargsrepr, body_rest)
+        except PayloadError as exc:
+            raise PayloadError(f"call {index} of park_many: {exc}; none of the calls was parked") from exc
+        rd.check_size(envelope.task, len(stored))
+        flat.extend((call_id, stored))
+    when = due_args(due.countdown_ms, due.at_ms)
+    for start in range(0, len(flat), 2 * CHUNK):
+        store_of(start // 2).park_many(flat[start : start + 2 * CHUNK], meta, when)
+    result_of, backend = app.AsyncResult, task.backend
+    ignored = bool(options.get("ignore_result", task.ignore_result))
+    results = []
+    for call_id in ids:
+        result = result_of(call_id, backend=backend, task_name=task.name)
+        result.ignored = ignored
+        results.append(result)
+    return results

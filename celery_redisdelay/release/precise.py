@@ -1,0 +1,189 @@
+"""The precise releaser: releases each call the moment it is due, without polling.
+
+It sleeps until the earliest parked call is due, blocked in ``BZPOPMIN`` on the store's ``wake``
+markers, which the park script adds whenever a call is parked earlier than every other one (a
+blocking wait instead of empty polling); so a new earlier call wakes it at once. The sleep is capped
+(``longest_sleep``), a dropped connection is caught and retried (the server may close an idle blocked
+connection), and any number of releasers may run beside each other and beside the beat tick, which
+stays as the backstop: every release is one atomic script.
+
+Run it as ``celery -A proj redisdelay releaser``, or inside each worker with
+``redisdelay_precise_release = True``. With ``redisdelay_shards``, one releaser thread watches each
+shard (a blocking wait covers one key, and on a cluster one node).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import redis
+from celery import bootsteps
+
+from ..errors import RedisDelayError
+from ..store.calls import server_ms
+from ..store.connection import connect, is_cluster
+from .releaser import TickReport, broker_errors
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+    from ..store.calls import CallStore
+
+logger = logging.getLogger(__name__)
+
+#: How long one release round may run before the releaser looks at the clock again.
+ROUND_BUDGET_SECONDS = 1.0
+#: How late Redis may end a blocking command's timeout (its default ``hz 10``).
+SERVER_TIMER_SECONDS = 0.1
+
+
+class PreciseReleaser:
+    """Release due calls as they fall due; :meth:`run` loops until :meth:`stop`."""
+
+    def __init__(
+        self,
+        rd: RedisDelay,
+        longest_sleep: float = 1.0,
+        retry_after: float = 0.5,
+        store: CallStore | None = None,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        self.rd = rd
+        self.store = store or rd.store
+        self.keys = self.store.keys
+        self.longest_sleep = longest_sleep
+        self.retry_after = retry_after
+        self.stopping = stopping or threading.Event()
+        # Its own connection: a blocked BZPOPMIN must not hold one the rest of the app needs.
+        self.client = connect(rd.settings)
+        self.released = 0
+        with rd.app.producer_or_acquire() as producer:
+            self.errors: tuple[type[BaseException], ...] = (
+                redis.RedisError,
+                RedisDelayError,
+                OSError,
+                *broker_errors(producer),
+            )
+
+    def release_due(self) -> TickReport:
+        """Flush due batch groups and release every due call (bounded by the round budget)."""
+        report = TickReport()
+        deadline = time.monotonic() + ROUND_BUDGET_SECONDS
+        releaser = self.rd.releaser_for(self.store)
+        releaser.flush_batches(report, deadline)
+        releaser.release(report, deadline)
+        self.released += report.released
+        return report
+
+    def seconds_to_next(self) -> float:
+        """Seconds until the earliest parked call is due (0: due now), at most ``longest_sleep``."""
+        if is_cluster(self.client):  # a cluster pipeline refuses TIME
+            first = self.client.zrange(self.keys.delayed, 0, 0, withscores=True)
+            now_ms = server_ms(self.client, self.keys.delayed)
+        else:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(self.keys.delayed, 0, 0, withscores=True)
+            pipe.time()
+            first, (seconds, micros) = pipe.execute()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+        if not first:
+            return self.longest_sleep
+        due_ms = float(first[0][1])
+        return min(max((due_ms - now_ms) / 1000, 0.0), self.longest_sleep)
+
+    def sleep(self) -> None:
+        """Block until the next call is due or an earlier one is parked.
+
+        Redis checks the timeouts of blocked clients ``hz`` times a second (10 by default), so a
+        ``BZPOPMIN`` timeout can end up to 100 ms late: the releaser blocks until shortly before the
+        due time and sleeps the last stretch on its own clock.
+        """
+        wait = self.seconds_to_next()
+        if wait <= 0:
+            return
+        if wait <= SERVER_TIMER_SECONDS:
+            self.stopping.wait(wait)
+        else:
+            self.client.bzpopmin([self.keys.wake], timeout=wait - SERVER_TIMER_SECONDS)
+
+    def run(self) -> None:
+        """Release and sleep until stopped; errors are logged and retried, never fatal."""
+        sweep_every = self.rd.settings.tick_interval
+        last_sweep = 0.0
+        while not self.stopping.is_set():
+            try:
+                if time.monotonic() - last_sweep >= sweep_every:
+                    report = TickReport()
+                    self.rd.releaser_for(self.store).sweep(report, time.monotonic() + ROUND_BUDGET_SECONDS)
+                    last_sweep = time.monotonic()
+                self.release_due()
+                self.sleep()
+            except self.errors as exc:
+                logger.warning("redisdelay releaser: %s; retrying in %.1f s", exc, self.retry_after)
+                self.stopping.wait(self.retry_after)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to end; a marker wakes a releaser blocked in BZPOPMIN (this one or another,
+        which then looks again and sleeps on)."""
+        self.stopping.set()
+        with contextlib.suppress(redis.RedisError):  # else it wakes by itself within longest_sleep
+            self.rd.client.zadd(self.keys.wake, {f"stop:{id(self)}": 0})
+
+
+class PreciseReleasers:
+    """One :class:`PreciseReleaser` per configured shard (or per shard of ``shards``, their indexes), each in
+    its own thread; :meth:`run` blocks. Releasers that own a shard each do not compete for any."""
+
+    def __init__(self, rd: RedisDelay, longest_sleep: float = 1.0, shards: Sequence[int] | None = None) -> None:
+        self.stopping = threading.Event()
+        self.releasers = [
+            PreciseReleaser(rd, longest_sleep, store=store, stopping=self.stopping) for store in rd.shards.pick(shards)
+        ]
+        self.longest_sleep = longest_sleep
+
+    @property
+    def released(self) -> int:
+        return sum(releaser.released for releaser in self.releasers)
+
+    def run(self) -> None:
+        *others, last = self.releasers
+        threads = [threading.Thread(target=r.run, name="redisdelay-releaser", daemon=True) for r in others]
+        for thread in threads:
+            thread.start()
+        last.run()
+        for thread in threads:
+            thread.join(self.longest_sleep + 5)
+
+    def stop(self) -> None:
+        for releaser in self.releasers:
+            releaser.stop()
+
+
+class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
+    """Runs a :class:`PreciseReleaser` in a thread of each worker when ``redisdelay_precise_release`` is on."""
+
+    label = "redisdelay releaser"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.releaser: PreciseReleasers | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, worker: Any) -> None:
+        from ..extension import RedisDelay
+
+        rd = RedisDelay.of(worker.app)
+        if not rd.settings.precise_release:
+            return
+        self.releaser = PreciseReleasers(rd)
+        self.thread = threading.Thread(target=self.releaser.run, name="redisdelay-releaser", daemon=True)
+        self.thread.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.releaser is not None and self.thread is not None:
+            self.releaser.stop()
+            self.thread.join(self.releaser.longest_sleep + 5)

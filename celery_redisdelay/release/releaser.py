@@ -1,0 +1,288 @@
+"""Releasing due calls to the broker, and sweeping calls whose deadline passed.
+
+Each step is one bounded script call; the loops here repeat them until nothing is left or the time
+budget is spent (the next tick carries on). A bad entry is dead-lettered and the loop goes on; a
+broker that refuses a publish gives the unpublished calls back and ends the loop with the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import redis
+from celery.utils import uuid
+from celery.utils.time import maybe_iso8601, maybe_make_aware
+from kombu.exceptions import OperationalError
+from kombu.utils import json
+
+from ..errors import RedisDelayError
+from ..message import wire
+from ..message.envelope import Envelope, EnvelopeError
+from ..message.stored import BatchCall, decode_stored
+from ..producer.batch import BatchedTask, publish_batch
+from ..producer.task import DelayedTask
+from ..store.meta import CallMeta, Limits
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from ..settings import Settings
+    from ..store.calls import CallStore, Claimed
+
+logger = logging.getLogger(__name__)
+
+#: How long one tick may keep releasing before it leaves the rest to the next tick.
+TICK_BUDGET_SECONDS = 10.0
+#: Most items one flush takes from a group whose task this app does not know.
+UNKNOWN_GROUP_SIZE = 1000
+
+
+@dataclass
+class TickReport:
+    """What one tick did."""
+
+    released: int = 0
+    requeued: int = 0
+    dead: int = 0
+    batches: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"released": self.released, "requeued": self.requeued, "dead": self.dead, "batches": self.batches}
+
+
+def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
+    """Publish a parked message to the broker as Celery itself would have (``send_task_message``)."""
+    queues = app.amqp.queues
+    declare = [queues[name] for name in envelope.queues]
+    properties = dict(envelope.properties)
+    if properties.get("expiration") is not None and envelope.headers.get("expires"):
+        # A TTL relative to now, from the absolute expiry, as Celery's send_task computes it: the one
+        # computed at the call is stale by now (and a broker such as RabbitMQ acts on it).
+        left = (maybe_make_aware(maybe_iso8601(envelope.headers["expires"])) - app.now()).total_seconds()
+        properties["expiration"] = max(0.0, left)
+    producer.publish(
+        envelope.body,
+        exchange=envelope.exchange,
+        routing_key=envelope.routing_key,
+        content_type=envelope.content_type,
+        content_encoding=envelope.content_encoding,
+        headers=envelope.headers,
+        declare=declare,
+        delivery_mode=envelope.delivery_mode,
+        retry=envelope.retry,
+        retry_policy=envelope.retry_policy,
+        **properties,
+    )
+
+
+def publish_call(app: Celery, producer: Any, call_id: str, payload: bytes) -> None:
+    """Publish one stored call: an envelope as it is, a flushed batch as the task's message."""
+    stored = decode_stored(payload)
+    if isinstance(stored, BatchCall):
+        publish_batch(app, producer, call_id, stored)
+        return
+    if stored.headers.get("id", call_id) != call_id:
+        raise EnvelopeError(f"the stored message is call {stored.headers['id']}'s, not this call's")
+    publish(app, producer, stored)
+
+
+def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:
+    """Errors that mean the broker or Redis failed, not the entry being published: they stop the batch."""
+    connection = producer.connection
+    return (
+        OperationalError,
+        OSError,
+        redis.RedisError,
+        RedisDelayError,
+        *connection.connection_errors,
+        *connection.channel_errors,
+    )
+
+
+class Releaser:
+    """Moves due calls from the store to the broker."""
+
+    def __init__(
+        self,
+        app: Celery,
+        store: CallStore,
+        settings: Settings,
+        lists: list[str] | None = None,
+        new_id: Callable[[], str] = uuid,
+        in_script: bool = True,
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.settings = settings
+        # The broker's queue lists stored messages may go to (None: every call goes through kombu);
+        # ``in_script``: the release script pushes them itself (the broker is the store's server).
+        self.lists = lists
+        self.in_script = in_script and lists is not None
+        self._wire_lists = frozenset(lists or ())
+        self.new_id = new_id  # ids of flushed batches: they must belong to this store's shard
+
+    # Each step is one bounded script call and says whether more may be left.
+
+    def sweep_step(self, report: TickReport) -> bool:
+        batch = self.settings.release_batch
+        requeued, dead = self.store.sweep(batch, self.settings.max_deliveries)
+        report.requeued += requeued
+        report.dead += dead
+        return requeued + dead >= batch
+
+    def release_step(self, report: TickReport) -> bool:
+        batch = self.settings.release_batch
+        claim_ms = round(self.settings.claim_timeout * 1000)
+        if self.in_script and self.lists is not None:
+            queue_ms = round(self.settings.queue_timeout * 1000)
+            claimed, examined, pushed = self.store.release(batch, claim_ms, queue_ms, self.lists)
+            report.released += pushed
+        else:
+            (claimed, examined), pushed = self.store.claim_batch(batch, claim_ms), 0
+        report.dead += examined - pushed - len(claimed)  # due ids without payload, buried by the script
+        if claimed:
+            report.released += self._publish_batch(claimed, report)
+        return examined >= batch
+
+    def flush_step(self, report: TickReport) -> bool:
+        """Turn batch groups whose first item has waited their max wait into calls, due now."""
+        batch = self.settings.release_batch
+        groups = self.store.due_groups(batch)
+        for group in groups:
+            size, meta = self._group_limits(group)
+            if self.store.batch_flush(group, size, self.new_id(), meta):
+                report.batches += 1
+        return len(groups) >= batch
+
+    def sweep(self, report: TickReport, deadline: float) -> None:
+        while time.monotonic() < deadline and self.sweep_step(report):
+            pass
+
+    def release(self, report: TickReport, deadline: float) -> None:
+        while time.monotonic() < deadline and self.release_step(report):
+            pass
+
+    def flush_batches(self, report: TickReport, deadline: float) -> None:
+        while time.monotonic() < deadline and self.flush_step(report):
+            pass
+
+    def _pushable(self, call: Claimed) -> bytes | None:
+        """The broker message of a call stored in the broker's format, for one of the app's lists."""
+        if call.list_key not in self._wire_lists:
+            return None
+        return wire.message_for(call.id, call.envelope, call.deliveries)
+
+    def _push(self, producer: Any, calls: list[tuple[Claimed, bytes]]) -> tuple[list[str], Exception | None]:
+        """LPUSH stored broker messages onto their lists, one pipeline for the lot (the wire path).
+
+        Returns the ids pushed and the first refusal (say, the broker out of memory part-way through).
+        """
+        with producer.channel.conn_or_acquire() as client:
+            # kombu's own connection pool (its TLS and Sentinel settings), but not its client: with
+            # global_keyprefix that one prefixes every key, and the list names here are whole already.
+            pipe = redis.Redis(connection_pool=client.connection_pool).pipeline(transaction=False)
+            for call, message in calls:
+                pipe.lpush(call.list_key, message)
+            replies = pipe.execute(raise_on_error=False)
+        refusals = [reply for reply in replies if isinstance(reply, Exception)]
+        pushed = [call.id for (call, _), reply in zip(calls, replies, strict=True) if not isinstance(reply, Exception)]
+        return pushed, refusals[0] if refusals else None
+
+    def _publish_batch(self, claimed: list[Claimed], report: TickReport) -> int:
+        """Publish claimed calls: through kombu one by one, then those stored as broker messages in one
+        pipeline. A bad entry is dead-lettered; a broker failure gives back what was not published."""
+        pushable = [(call, message) for call in claimed if (message := self._pushable(call)) is not None]
+        pushed_ids = {call.id for call, _ in pushable}
+        through_kombu = [call for call in claimed if call.id not in pushed_ids]
+        published: list[str] = []
+        handled: set[str] = set()  # published or dead-lettered
+        try:
+            with self.app.producer_or_acquire() as producer:
+                fatal = broker_errors(producer)
+                for call in through_kombu:
+                    try:
+                        publish_call(self.app, producer, call.id, call.envelope)
+                    except fatal:
+                        raise
+                    except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
+                        reason = str(exc) if isinstance(exc, EnvelopeError) else f"cannot publish: {exc!r}"
+                        logger.error("redisdelay: dead-lettering call %s: %s", call.id, reason)
+                        if self.store.bury(call.id, reason, only_inflight=True):
+                            report.dead += 1
+                    else:
+                        published.append(call.id)
+                    handled.add(call.id)
+                if pushable:
+                    try:
+                        pushed, refusal = self._push(producer, pushable)
+                    except redis.RedisError as exc:
+                        raise OperationalError(f"cannot push to the broker: {exc}") from exc
+                    published.extend(pushed)
+                    handled.update(pushed)
+                    if refusal is not None:
+                        raise OperationalError(f"the broker refused a push: {refusal}") from refusal
+        except Exception:
+            # The broker (or Redis) failed: what was not published goes back now rather than after the
+            # claim timeout. If Redis itself is gone, the sweep returns it later.
+            pending = [call.id for call in claimed if call.id not in handled]
+            try:
+                self.store.unclaim(pending)
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                logger.warning("redisdelay: could not give back %d unpublished calls", len(pending))
+            raise
+        finally:
+            if published:
+                self.store.confirm(published, round(self.settings.queue_timeout * 1000))
+        return len(published)
+
+    def _group_limits(self, group: str) -> tuple[int, Limits | CallMeta]:
+        """The size and call limits of a group's task; defaults when this app does not know the task
+        (the flushed call is then dead-lettered at release, saying so, with its items kept)."""
+        try:
+            name = json.loads(group)[0]
+        except (ValueError, TypeError, KeyError, IndexError):
+            name = None
+        task = self.app.tasks.get(name) if isinstance(name, str) else None
+        if isinstance(task, BatchedTask):
+            return task.batch_size, task.call_limits()
+        if isinstance(task, DelayedTask):
+            return UNKNOWN_GROUP_SIZE, task.call_limits()
+        return UNKNOWN_GROUP_SIZE, CallMeta(t=name if isinstance(name, str) else "?")
+
+    def tick(self, budget: float = TICK_BUDGET_SECONDS) -> TickReport:
+        """Sweep, flush due batch groups, then release, within ``budget`` seconds."""
+        return tick_all([self], budget)
+
+
+def tick_all(releasers: Sequence[Releaser], budget: float = TICK_BUDGET_SECONDS) -> TickReport:
+    """Sweep, flush due batch groups, then release, over every shard in turns, within ``budget`` seconds.
+
+    A shard that fails (its Redis node is down) is left out of the rest of the tick; the others carry
+    on, and the first error is raised at the end, so the tick still shows as failed.
+    """
+    report = TickReport()
+    deadline = time.monotonic() + budget
+    failed: list[Exception] = []
+    pending = list(releasers)
+    for step in (Releaser.sweep_step, Releaser.flush_step, Releaser.release_step):
+        active = list(pending)
+        while active and time.monotonic() < deadline:
+            still = []
+            for releaser in active:
+                try:
+                    if step(releaser, report):
+                        still.append(releaser)
+                except Exception as exc:  # raised below, after the other shards had their turn
+                    if len(releasers) == 1:
+                        raise
+                    logger.error("redisdelay: shard %s failed: %r", releaser.store.keys.tag, exc)
+                    failed.append(exc)
+                    pending.remove(releaser)
+            active = still
+    if failed:
+        raise failed[0]
+    return report

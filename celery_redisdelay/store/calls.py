@@ -1,0 +1,470 @@
+"""The call store: parked calls in Redis and every state change of their life, one script each.
+
+The life of a call::
+
+    park ──> delayed ──claim──> in flight (claimed) ──confirm──> in flight (queued)
+               ^  ^                  │ unclaim                       │ start (a worker runs it)
+               │  └──────────────────┘                               v
+               │                                          in flight (running) ──ack──> gone
+               └───── sweep (deadline passed) <─── in flight ──sweep, too many deliveries──> dead
+                                                                         dead ──requeue──> delayed
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import redis
+from redis.cluster import RedisCluster
+
+from ..errors import NotReplicatedError, StoreUnavailableError
+from .keys import Keyspace
+from .meta import CallMeta, Limits, decode_meta, meta_json
+from .scripts import Scripts
+
+STATES = ("delayed", "inflight", "dead")
+
+#: ``park_keyed`` statuses.
+STORED, KEPT, CONFLICT = 1, 0, -1
+#: How a tracked call can end (``ack``), each counted in the ``counters`` hash: run by a worker, or
+#: discarded unrun by a worker because it was revoked or had expired.
+OUTCOMES = ("acked", "revoked", "expired")
+
+
+class Cancelled(NamedTuple):
+    """A call dropped from the delay set, with the payload it held."""
+
+    id: str
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A call taken for publishing: its id, its envelope, which delivery this is, and the broker list its
+    metadata names (a call stored as a broker message; ``""`` otherwise)."""
+
+    id: str
+    envelope: bytes
+    deliveries: int
+    list_key: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A stored call as seen by an operator: where it is, when, and its metadata."""
+
+    id: str
+    state: str
+    score_ms: float
+    meta: CallMeta
+    envelope: bytes | None
+    queue: str | None = field(default=None, compare=False)  # where it goes, when a listing worked it out
+
+
+@contextmanager
+def redis_errors(action: str) -> Iterator[None]:
+    """Turn redis-py's errors into :class:`StoreUnavailableError` naming what failed."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailableError(f"celery-redisdelay could not {action}: Redis is unreachable ({exc})") from exc
+    except redis.RedisError as exc:
+        raise StoreUnavailableError(f"celery-redisdelay could not {action}: Redis refused it ({exc})") from exc
+
+
+def server_ms(client: Any, key: str) -> int:
+    """The clock of the server holding ``key``, in ms: the clock the scripts use for that key's shard."""
+    if isinstance(client, RedisCluster):
+        node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        seconds, micros = client.time(target_nodes=node)
+    else:
+        seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class CallStore:
+    """Python face of the Lua scripts; every method is one round trip."""
+
+    def __init__(self, client: redis.Redis, keys: Keyspace, wait_replicas: int = 0, wait_ms: int = 1000) -> None:
+        self.client = client
+        self.keys = keys
+        self.wait_replicas = wait_replicas
+        self.wait_ms = wait_ms
+        self._scripts = Scripts(client, [key.encode() for key in keys.store_keys])
+
+    def _run(
+        self,
+        name: str,
+        args: Sequence[Any],
+        action: str,
+        extra_keys: Sequence[str] = (),
+        *,
+        replicated: bool = False,
+    ) -> Any:
+        """Run a store script; with ``replicated`` (parks), wait for ``wait_replicas`` replicas to have it."""
+        with redis_errors(action):
+            try:
+                return self._call(name, extra_keys, args, action, replicated)
+            except redis.ResponseError as exc:
+                if "READONLY" not in str(exc) or not hasattr(self.client, "connection_pool"):
+                    raise
+                # A failover made our server a replica. Redis 6.2 reports that inside a script as a
+                # script error, so redis-py keeps the connection: drop the pool's connections (a
+                # Sentinel pool then asks for the new master) and try once more. A replica refuses
+                # the first write, so the failed attempt changed nothing.
+                self.client.connection_pool.disconnect()
+                return self._call(name, extra_keys, args, action, replicated)
+
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[Any], action: str, replicated: bool) -> Any:
+        if not (replicated and self.wait_replicas):
+            return self._scripts.run(name, keys, args)
+        # WAIT counts the replicas that have this connection's writes: script and WAIT share a pipeline.
+        pipe = self.client.pipeline(transaction=False)
+        self._scripts.pipelined(name, keys, args, pipe)
+        pipe.wait(self.wait_replicas, self.wait_ms)
+        result, confirmed = pipe.execute()
+        if int(confirmed) < self.wait_replicas:
+            raise NotReplicatedError(
+                f"celery-redisdelay could not {action} durably: {confirmed} of {self.wait_replicas} replicas "
+                f"confirmed it within {self.wait_ms} ms (redisdelay_wait_replicas). It is stored on the master, "
+                "and a failover now could lose it"
+            )
+        return result
+
+    def park(
+        self,
+        call_id: str,
+        envelope: bytes,
+        meta: Limits | CallMeta,
+        *,
+        countdown_ms: int | None = None,
+        due_ms: int | None = None,
+    ) -> int:
+        """Store a call; due ``countdown_ms`` from now by the Redis clock, or at ``due_ms``."""
+        return self.park_keyed(call_id, envelope, meta, countdown_ms=countdown_ms, due_ms=due_ms)[1]
+
+    def park_keyed(
+        self,
+        call_id: str,
+        envelope: bytes,
+        meta: Limits | CallMeta | str,
+        *,
+        countdown_ms: int | None = None,
+        due_ms: int | None = None,
+        mode: str = "",
+        key: str = "",
+    ) -> tuple[int, int, str]:
+        """Park a call, optionally under a unique or debounce key (``mode``): (status, due, id).
+
+        Status :data:`STORED`: stored under ``call_id``. :data:`KEPT` (unique): the call parked under
+        ``key`` stays, nothing was stored, its id is returned. :data:`CONFLICT` (debounce): ``key`` is
+        held by the returned id (or by none, when ``call_id`` was used before): park again with that id.
+        ``meta`` is the call's limits, or their stored form already (:func:`meta_json`, with the key).
+        """
+        when = due_args(countdown_ms, due_ms)
+        stored_meta = meta if isinstance(meta, str) else meta_json(meta, key if mode else None)
+        status, due, holder = self._run(
+            "park", [call_id, envelope, stored_meta, *when, mode, key], f"park call {call_id}", replicated=True
+        )
+        return int(status), int(due), text(holder)
+
+    def park_many(self, flat: Sequence[Any], meta: str, when: tuple[str, int]) -> int:
+        """Store calls given as (id, envelope, ...) with one stored metadata (:func:`meta_json`) and one due
+        time (``when`` from :func:`due_args`); at most a thousand."""
+        return int(self._run("park_many", [*when, meta, *flat], f"park {len(flat) // 2} calls", replicated=True))
+
+    def holder(self, key: str) -> str | None:
+        """The id of the parked call holding a unique/debounce key (a hint: it may change at once)."""
+        with redis_errors("look up a unique key"):
+            call_id = self.client.hget(self.keys.index, key)
+            if call_id is None or self.client.zscore(self.keys.delayed, call_id) is None:
+                return None
+        return text(call_id)
+
+    def reschedule(self, call_id: str, *, countdown_ms: int | None = None, due_ms: int | None = None) -> int | None:
+        """Move a parked call to a new due time; the new due time, or None when it is not parked."""
+        due, moved = self.reschedule_many([call_id], countdown_ms=countdown_ms, due_ms=due_ms)
+        return due if moved else None
+
+    def claim(self, limit: int, claim_timeout_ms: int) -> list[Claimed]:
+        """Take up to ``limit`` due calls for publishing."""
+        return self.claim_batch(limit, claim_timeout_ms)[0]
+
+    def claim_batch(self, limit: int, claim_timeout_ms: int) -> tuple[list[Claimed], int]:
+        """Like :meth:`claim`, also returning how many due ids the script examined (claimed or buried)."""
+        examined, *flat = self._run("claim", [limit, claim_timeout_ms], "claim due calls")
+        calls = _claimed(flat)
+        return calls, int(examined)
+
+    def release(
+        self, limit: int, claim_timeout_ms: int, queue_timeout_ms: int, lists: Sequence[str]
+    ) -> tuple[list[Claimed], int, int]:
+        """The fast path: push due calls stored as broker messages for ``lists`` straight onto them.
+
+        Returns (calls claimed for the generic path, due ids examined, calls pushed).
+        """
+        examined, pushed, *flat = self._run(
+            "release", [limit, claim_timeout_ms, queue_timeout_ms], "release due calls", lists
+        )
+        calls = _claimed(flat)
+        return calls, int(examined), int(pushed)
+
+    def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int) -> int:
+        if not call_ids:
+            return 0
+        return int(self._run("confirm", [queue_timeout_ms, *call_ids], "confirm published calls"))
+
+    def unclaim(self, call_ids: Sequence[str]) -> int:
+        if not call_ids:
+            return 0
+        return int(self._run("unclaim", list(call_ids), "give back unpublished calls"))
+
+    def start(self, call_id: str, run_timeout_ms: int) -> int:
+        return int(self._run("start", [call_id, run_timeout_ms], f"mark call {call_id} started"))
+
+    def touch(self, call_id: str, timeout_ms: int) -> bool:
+        return bool(self._run("touch", [call_id, timeout_ms], f"extend the deadline of call {call_id}"))
+
+    def ack(self, call_id: str, outcome: str = "acked") -> bool:
+        """Forget a finished call, counting how it ended (one of :data:`OUTCOMES`); False when not tracked."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
+        return bool(self._run("ack", [call_id, outcome], f"acknowledge call {call_id}"))
+
+    def sweep(self, limit: int, max_deliveries: int) -> tuple[int, int]:
+        requeued, buried = self._run("sweep", [limit, max_deliveries], "sweep timed-out calls")
+        return int(requeued), int(buried)
+
+    def bury(self, call_id: str, reason: str, *, only_inflight: bool = False) -> bool:
+        """Dead-letter a call with ``reason``; with ``only_inflight``, only if it is in flight now."""
+        flag = "1" if only_inflight else "0"
+        return bool(self._run("bury", [call_id, reason, flag], f"dead-letter call {call_id}"))
+
+    def cancel(self, call_id: str) -> Cancelled | None:
+        """Drop a parked call: what it held, or None when it was not parked here."""
+        dropped = self.cancel_many([call_id])
+        return dropped[0] if dropped else None
+
+    def requeue(self, call_id: str) -> int:
+        """Requeue a dead-lettered call: 1 requeued, 0 not dead-lettered here, -1 no payload (it stays dead)."""
+        requeued, left = self.requeue_many([call_id])
+        return 1 if requeued else -1 if left else 0
+
+    # -- many calls at once (the operator's bulk actions; at most LARGEST_STEP ids per call) ------------
+
+    def cancel_many(self, call_ids: Sequence[str]) -> list[Cancelled]:
+        """Drop the calls still parked here (1 to 1,000 ids): each dropped call with its payload."""
+        flat = self._run("cancel", _step(call_ids), f"cancel {_which(call_ids)}")
+        return [Cancelled(text(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+
+    def reschedule_many(
+        self, call_ids: Sequence[str], *, countdown_ms: int | None = None, due_ms: int | None = None
+    ) -> tuple[int, list[str]]:
+        """Move the calls parked here to one due time: (that due time, the ids moved)."""
+        due, *moved = self._run(
+            "reschedule_many",
+            [*due_args(countdown_ms, due_ms), *_step(call_ids)],
+            f"reschedule {_which(call_ids)}",
+        )
+        return int(due), _texts(moved)
+
+    def requeue_many(self, call_ids: Sequence[str]) -> tuple[list[str], list[str]]:
+        """Requeue the calls dead-lettered here: (ids requeued, ids left dead for want of a payload)."""
+        requeued, left = self._run("requeue_many", _step(call_ids), f"requeue {_which(call_ids)}")
+        return _texts(requeued), _texts(left)
+
+    def purge_many(self, call_ids: Sequence[str]) -> list[str]:
+        """Delete the calls dead-lettered here for good; the ids deleted."""
+        return _texts(self._run("purge_many", _step(call_ids), f"purge {_which(call_ids)}"))
+
+    # -- batches ----------------------------------------------------------------------------------
+
+    def batch_add(
+        self, group: str, item: str, size: int, max_wait_ms: int, call_id: str, meta: Limits | CallMeta
+    ) -> tuple[int, str | None]:
+        """Add an item to a group: (items now waiting, id of the call this add released or None)."""
+        waiting, released = self._run(
+            "batch_add",
+            [group, item, size, max_wait_ms, call_id, meta_json(meta)],
+            f"add an item to batch group {group}",
+            [self.keys.batch_items(group)],
+            replicated=True,
+        )
+        return int(waiting), text(released) or None
+
+    def due_groups(self, limit: int) -> list[str]:
+        """Batch groups whose first item has waited their max wait, by the Redis clock."""
+        with redis_errors("list due batch groups"):
+            now_ms = server_ms(self.client, self.keys.batches)
+            groups: Any = self.client.zrangebyscore(self.keys.batches, "-inf", now_ms, start=0, num=limit)
+        return [text(group) for group in groups]
+
+    def batch_flush(self, group: str, size: int, call_id: str, meta: Limits | CallMeta) -> int:
+        """Flush a due group into one call; how many items it took (0: not due or flushed already)."""
+        return int(
+            self._run(
+                "batch_flush",
+                [group, size, call_id, meta_json(meta)],
+                f"flush batch group {group}",
+                [self.keys.batch_items(group)],
+            )
+        )
+
+    # -- locks ----------------------------------------------------------------------------------
+
+    def lock_take(self, name: str, token: str, ttl_ms: int, call_id: str = "", retry_ms: int = 0) -> tuple[int, int]:
+        """Take a lock, or defer ``call_id`` behind it: (1 taken | 0 busy | -1 busy and call untracked, ms left)."""
+        status, remaining = self._run(
+            "lock_take",
+            [token, ttl_ms, call_id, retry_ms],
+            f"take lock {name}",
+            [self.keys.lock(name), self.keys.lock_waiters(name)],
+        )
+        return int(status), int(remaining)
+
+    def lock_release(self, name: str, token: str) -> bool:
+        """Release a lock held by ``token`` and wake its first waiter; False when the token lost it."""
+        return bool(
+            self._run(
+                "lock_release",
+                [token],
+                f"release lock {name}",
+                [self.keys.lock(name), self.keys.lock_waiters(name), self.keys.lock_wake(name)],
+            )
+        )
+
+    def lock_extend(self, name: str, token: str, ttl_ms: int) -> bool:
+        with redis_errors(f"extend lock {name}"):
+            return bool(self._scripts["lock_extend"](keys=[self.keys.lock(name)], args=[token, ttl_ms]))
+
+    def lock_wait(self, name: str, timeout: float) -> None:
+        """Block up to ``timeout`` seconds for a release of the lock (no polling)."""
+        with redis_errors(f"wait for lock {name}"):
+            self.client.blpop([self.keys.lock_wake(name)], timeout=timeout)
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counts per state, how many delayed calls are already due (overdue), and batch groups and items."""
+        with redis_errors("read the store's counts"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zcard(self.keys.delayed)
+            pipe.zcard(self.keys.inflight)
+            pipe.zcard(self.keys.dead)
+            pipe.zcard(self.keys.batches)
+            pipe.hget(self.keys.counters, "batch_items")
+            delayed, inflight, dead, groups, items = pipe.execute()
+            now_ms = server_ms(self.client, self.keys.delayed)
+            overdue = self.client.zcount(self.keys.delayed, "-inf", now_ms)
+            expired = self.client.zcount(self.keys.inflight, "-inf", now_ms)
+        return {
+            "delayed": delayed,
+            "inflight": inflight,
+            "dead": dead,
+            "due": overdue,
+            "inflight_expired": expired,
+            "batch_groups": groups,
+            "batch_items": int(items or 0),
+        }
+
+    def find(self, call_id: str) -> Entry | None:
+        """Where a call is now, or None when the store does not hold it."""
+        with redis_errors(f"look up call {call_id}"):
+            pipe = self.client.pipeline(transaction=False)
+            for key in (self.keys.delayed, self.keys.inflight, self.keys.dead):
+                pipe.zscore(key, call_id)
+            pipe.hget(self.keys.meta, call_id)
+            pipe.hget(self.keys.payloads, call_id)
+            *scores, meta_raw, envelope = pipe.execute()
+        for state, score in zip(STATES, scores, strict=True):
+            if score is not None:
+                return Entry(call_id, state, score, decode_meta(meta_raw, state), envelope)
+        return None
+
+    def entries(self, state: str, limit: int = 100, offset: int = 0) -> list[Entry]:
+        """A page of calls in one state, oldest score first (see :meth:`read`)."""
+        return self.read(state, offset, limit)[0]
+
+    def read(
+        self, state: str, offset: int, count: int, *, newest_first: bool = False, payloads: str = "none"
+    ) -> tuple[list[Entry], int]:
+        """Up to ``count`` calls in ``state`` from ``offset`` on (by score, oldest or newest first) with their
+        metadata, and how many calls the state holds. Payloads: ``"none"``, ``"all"``, or ``"unrouted"``
+        (those of calls whose metadata names no broker list, for the paginator's queue filter)."""
+        if state not in STATES:
+            raise ValueError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
+        key = getattr(self.keys, state)
+        with redis_errors(f"list {state} calls"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrange(key, offset, offset + count - 1, desc=newest_first, withscores=True)
+            pipe.zcard(key)
+            members, size = pipe.execute()
+            ids = [text(member) for member, _ in members]
+            found: Any = self.client.hmget(self.keys.meta, ids) if ids else []
+            metas = [decode_meta(raw, state) for raw in found]
+            wanted = [
+                i for i, meta in enumerate(metas) if payloads == "all" or (payloads != "none" and not meta.get("l"))
+            ]
+            raws: Any = self.client.hmget(self.keys.payloads, [ids[i] for i in wanted]) if wanted else []
+        stored: list[bytes | None] = [None] * len(ids)
+        for i, raw in zip(wanted, raws, strict=True):
+            stored[i] = raw
+        entries = [
+            Entry(call_id, state, score, meta, raw)
+            for call_id, (_, score), meta, raw in zip(ids, members, metas, stored, strict=True)
+        ]
+        return entries, int(size)
+
+    def requeue_dead(self, step: int, passed: int) -> tuple[int, int, list[str]]:
+        """Requeue up to ``step`` dead calls, past the first ``passed`` (which have no payload): (requeued,
+        entries looked at, ids left dead for want of a payload)."""
+        requeued, looked_at, *left = self._run("requeue_dead", [step, passed], "requeue dead-lettered calls")
+        return int(requeued), int(looked_at), _texts(left)
+
+    def purge_dead(self, step: int, bound: str) -> int:
+        """Delete up to ``step`` of the oldest dead calls dead-lettered at or before ``bound`` (ms or ``+inf``)."""
+        return int(self._run("purge_dead", [step, bound], "purge dead-lettered calls"))
+
+    def validate_consume(self, keys: Sequence[str], number: int, fail_every: int) -> bool:
+        """One delivery of a validation message (``keys`` are the run's): whether it is recorded as processed."""
+        return bool(self._scripts["validate_consume"](keys=list(keys), args=[number, fail_every]))
+
+
+#: The most ids one bulk script call takes (scripts block Redis while they run).
+LARGEST_STEP = 1000
+
+
+def _which(call_ids: Sequence[str]) -> str:
+    """The calls an action names in its error: ``call <id>`` for one."""
+    return f"call {call_ids[0]}" if len(call_ids) == 1 else f"{len(call_ids)} calls"
+
+
+def _step(call_ids: Sequence[str]) -> list[str]:
+    if not 1 <= len(call_ids) <= LARGEST_STEP:
+        raise ValueError(f"a bulk script takes 1 to {LARGEST_STEP} ids, not {len(call_ids)}")
+    return list(call_ids)
+
+
+def _texts(values: Sequence[bytes | str]) -> list[str]:
+    return [text(value) for value in values]
+
+
+def _claimed(flat: Sequence[Any]) -> list[Claimed]:
+    """The calls of a claim or release reply: (id, payload, deliveries, list) each."""
+    return [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2]), text(flat[i + 3])) for i in range(0, len(flat), 4)]
+
+
+def due_args(countdown_ms: int | None, due_ms: int | None) -> tuple[str, int]:
+    """The (mode, ms) arguments of the scripts that schedule: ``in`` a countdown, or ``at`` a due time."""
+    if countdown_ms is not None:
+        return "in", countdown_ms
+    if due_ms is not None:
+        return "at", due_ms
+    raise ValueError("give countdown_ms or due_ms")

@@ -1,0 +1,115 @@
+"""Names of the Redis keys, built in one place.
+
+All keys of one call store share one hash tag (``{prefix}``, or ``{prefix:N}`` for the shards of
+``redisdelay_shards``), so every script runs on one Redis Cluster slot: the nine fixed keys, and the
+per-name keys of batch groups and locks. Validation runs use their own hash tag, one per run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Keyspace:
+    """The keys of one call store: ``prefix`` names the deployment, ``tag`` (the prefix by default)
+    the store's hash tag."""
+
+    prefix: str
+    tag: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.prefix or any(c in self.prefix for c in "{}"):
+            raise ConfigurationError(
+                f"redisdelay_key_prefix {self.prefix!r} must be a non-empty string without braces; "
+                "the braces of the key names are added by celery-redisdelay as a hash tag"
+            )
+        if not self.tag:
+            object.__setattr__(self, "tag", self.prefix)
+
+    def _key(self, name: str) -> str:
+        return f"{{{self.tag}}}:{name}"
+
+    @property
+    def delayed(self) -> str:
+        return self._key("delayed")
+
+    @property
+    def inflight(self) -> str:
+        return self._key("inflight")
+
+    @property
+    def dead(self) -> str:
+        return self._key("dead")
+
+    @property
+    def payloads(self) -> str:
+        return self._key("payloads")
+
+    @property
+    def meta(self) -> str:
+        return self._key("meta")
+
+    @property
+    def index(self) -> str:
+        return self._key("index")
+
+    @property
+    def batches(self) -> str:
+        return self._key("batches")
+
+    @property
+    def counters(self) -> str:
+        return self._key("counters")
+
+    @property
+    def wake(self) -> str:
+        return self._key("wake")
+
+    @property
+    def store_keys(self) -> list[str]:
+        """The nine keys every store script receives, in the order the scripts expect."""
+        return [
+            self.delayed,
+            self.inflight,
+            self.dead,
+            self.payloads,
+            self.meta,
+            self.index,
+            self.batches,
+            self.counters,
+            self.wake,
+        ]
+
+    def batch_items(self, group: str) -> str:
+        """The list of items waiting in one batch group (see :func:`group_id`)."""
+        return self._key(f"batch:{group}")
+
+    def lock(self, name: str) -> str:
+        return self._key(f"lock:{name}")
+
+    def lock_waiters(self, name: str) -> str:
+        """The calls deferred because the lock was busy, by the time they first found it busy."""
+        return self._key(f"lock-waiters:{name}")
+
+    def lock_wake(self, name: str) -> str:
+        """A one-item list pushed on release, which blocking waiters outside tasks wait on."""
+        return self._key(f"lock-wake:{name}")
+
+    @property
+    def shard_registry(self) -> str:
+        """A set of the hash tags of every shard ever configured: releasers drain retired ones too."""
+        return f"{{{self.prefix}}}:shards"
+
+    def validation_keys(self, run_id: str) -> list[str]:
+        """The keys of one validation run: processed counts per message, and run counters."""
+        tag = f"{{{self.prefix}:validate:{run_id}}}"
+        return [f"{tag}:processed", f"{tag}:counters"]
+
+
+def group_id(task: str, key: str) -> str:
+    """The name of a task's batch group or unique key: a JSON array, unambiguous whatever ``key`` holds."""
+    return json.dumps([task, key], separators=(",", ":"))

@@ -1,0 +1,69 @@
+"""Ending a parked call unrun as Celery ends a revoked task: the result REVOKED, a ``task-revoked`` event.
+
+A call that never reaches a worker (cancelled while parked, or dropped when a worker receives the
+``revoke`` broadcast) is not discarded by any worker, so nothing would record it; these helpers do
+what a Celery worker does when it discards a revoked message (``Request._announce_revoked``): mark
+the result as revoked in the task's result backend, with the call's own request so a chord it
+belongs to counts it, and send the ``task-revoked`` event when task events are on.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+from celery.app.task import Context
+
+from ..message.envelope import EnvelopeError
+from ..message.stored import BatchCall, decode_body, decode_stored
+
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
+
+logger = logging.getLogger(__name__)
+
+
+def request_of(call_id: str, payload: bytes, accept: Any = None) -> Context:
+    """The request a worker would build from a stored call's message: its headers, its embedded
+    callbacks and chord, and its arguments (only the id and the task when the payload is unreadable)."""
+    fields: dict[str, Any] = {"id": call_id}
+    try:
+        envelope = decode_stored(payload)
+    except EnvelopeError:
+        return Context(fields)
+    if isinstance(envelope, BatchCall):
+        fields.update(task=envelope.task, args=[envelope.key, envelope.items], kwargs={})
+        return Context(fields)
+    fields.update(envelope.headers)
+    fields["id"] = call_id
+    try:
+        decoded = decode_body(envelope, accept)
+    except EnvelopeError as exc:
+        logger.debug("redisdelay: the arguments of call %s are not readable here: %r", call_id, exc)
+        return Context(fields)
+    if isinstance(decoded, list | tuple) and len(decoded) == 3:  # protocol 2: (args, kwargs, embed)
+        args, kwargs, embed = decoded
+        fields.update(embed or {}, args=args, kwargs=kwargs)
+    return Context(fields)
+
+
+def announce_revoked(
+    rd: RedisDelay, call_id: str, payload: bytes, reason: str = "revoked", dispatcher: Any = None
+) -> None:
+    """Record a parked call that was dropped unrun as Celery records a revoked task. ``dispatcher``: an
+    event dispatcher to send ``task-revoked`` with (one for many calls), else the app's default one."""
+    app = rd.app
+    request = request_of(call_id, payload, rd.accepted_content_types)
+    name = vars(request).get("task")
+    task = app.tasks.get(name) if isinstance(name, str) else None
+    # As a worker's Request: the message's ignore_result header, else the task's attribute.
+    ignore_result = vars(request).get("ignore_result")
+    if ignore_result is None:
+        ignore_result = getattr(task, "ignore_result", False)
+    store = not ignore_result or bool(getattr(task, "store_errors_even_if_ignored", False))
+    backend = task.backend if task is not None else app.backend
+    backend.mark_as_revoked(call_id, reason, request=request, store_result=store)
+    if app.conf.worker_send_task_events and getattr(task, "send_events", True):
+        with nullcontext(dispatcher) if dispatcher is not None else app.events.default_dispatcher() as sender:
+            sender.send("task-revoked", uuid=call_id, terminated=False, signum=None, expired=False)
