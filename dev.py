@@ -6,7 +6,7 @@ python3 dev.py test     run the test suite (extra arguments go to pytest)
 python3 dev.py test-lowest [pytest args]
                         the same in .venv-lowest, with the lowest versions pyproject.toml declares (the
                         ``>=`` floors of its dependencies and of the prometheus extra, pinned with ``==``)
-python3 dev.py lint     ruff and mypy
+python3 dev.py lint     ruff, mypy and the layering contracts (import-linter)
 python3 dev.py bench    the benchmarks
 python3 dev.py wheel-demo
                         build the sdist and the wheel (dist/), install the wheel alone in a clean venv
@@ -115,6 +115,11 @@ def run(python: Path, *args: str) -> int:
     return subprocess.call([str(python), *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
+def run_tool(python: Path, tool: str, *args: str) -> int:
+    """A command the venv installed (a console script beside its python)."""
+    return subprocess.call([str(python.parent / tool), *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
 def versions(python: Path) -> str:
     """The installed versions of the pinned packages, to print before a lowest run."""
     names = [pin.split("==")[0] for pin in floors()]
@@ -144,6 +149,7 @@ def main(argv: list[str]) -> int:
         run(python, "-m", "ruff", "check", ".")
         or run(python, "-m", "ruff", "format", "--check", ".")
         or run(python, "-m", "mypy")
+        or run_tool(python, "lint-imports")
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
 import weakref
@@ -11,31 +10,27 @@ from typing import Any, TypeVar, overload
 
 from celery import Celery, signals
 
-from . import broker_redis
-from .errors import ConfigurationError, PayloadError, RedisDelayError, ScheduleError
+from . import settings as settings_module
+from .errors import ConfigurationError, RedisDelayError, ScheduleError
 from .message import wire
 from .operations import checks
-from .operations.actions import on_shards
 from .operations.listing import Scanner
 from .operations.validation import register_validation_tasks
 from .producer import batch
 from .producer.batch import check_batch_options
 from .producer.kept import TemplateCache
 from .producer.locks import Lock
-from .producer.parking_producer import ParkingProducer, accepted_content_types
+from .producer.parking_producer import ParkingProducer
 from .producer.schedule import resolve_due
 from .producer.task import ROUTING_OPTIONS, DelayedTask, check_lock_options, combined_base
-from .release.precise import PreciseReleaseStep
-from .release.releaser import Releaser, TickReport, tick_all
+from .release.releaser import Releaser, Releasers, TickReport
 from .settings import Settings, positive_setting
-from .store.calls import LARGEST_STEP, CallStore, Cancelled, Entry, redis_errors
-from .store.connection import broker_is_store, connect, is_cluster
+from .store.calls import LARGEST_STEP, CallStore, Entry
+from .store.depot import Depot
 from .store.forks import cached_property
 from .store.keys import Keyspace
 from .store.shards import ShardSet
-from .worker import tracking
-from .worker.revocation import announce_revoked
-from .worker.tracking import DurableRevokeStep
+from .worker import revocation, tracking
 
 logger = logging.getLogger(__name__)
 
@@ -69,23 +64,29 @@ class RedisDelay:
             raise RedisDelayError(f"RedisDelay is already bound to app {app.main!r}; use RedisDelay.of(app)")
         _EXTENSIONS[app] = self
         self.app: Any = app
-        self._releasers: dict[str, Releaser] = {}
+        #: What the layers below take: the settings, the store and the stored form of this app's calls.
+        self.depot = Depot(app)
+        #: Templates of single calls by task and options (see :mod:`celery_redisdelay.producer.templates`).
+        self.templates = TemplateCache()
         self._task_names: set[str] = set()  # the names of this extension's tasks
-        checks.check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
+        settings_module.check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
         # Calls by name (app.send_task) to a delayed task of this app are parked too; Celery's own
         # send_task stays here for publishing at once (a released batch).
         self.celery_send_task: Callable[..., Any] = app.send_task
         self._send_task_signature = inspect.signature(app.send_task)
         app.send_task = self.send_task
+        #: A releaser per shard, for the tick, the precise releaser and the command line.
+        self.releasers = Releasers(self.depot, self.celery_send_task)
 
         def tick() -> dict[str, int]:
             return self.tick()
 
         app.task(name=TICK_TASK, ignore_result=True, shared=False)(tick)
-        register_validation_tasks(self)
-        tracking.connect(self)
-        app.steps["worker"].add(PreciseReleaseStep)
-        app.steps["worker"].add(DurableRevokeStep)
+        register_validation_tasks(self.depot, self.delayed)
+        tracking.connect(self.depot)
+        # By name: the steps find this extension when a worker starts (celery_redisdelay.bootsteps).
+        app.steps["worker"].add("celery_redisdelay.bootsteps:PreciseReleaseStep")
+        app.steps["worker"].add("celery_redisdelay.bootsteps:DurableRevokeStep")
         if app.configured:
             self._install_schedule(app.conf)
         app.on_after_configure.connect(self._on_configured, weak=False)
@@ -111,111 +112,67 @@ class RedisDelay:
                 f"app {app.main!r} has no RedisDelay: create one with RedisDelay(app) in the module celery -A loads"
             ) from None
 
-    # -- configuration -------------------------------------------------------------------------
-
-    @cached_property
-    def settings(self) -> Settings:
-        checks.check_protocol(self.app.conf)
-        return Settings.from_conf(self.app.conf)
-
-    @cached_property
-    def client(self) -> Any:
-        """The store's client: ``redis.Redis`` (one server or Sentinel's master) or ``RedisCluster``."""
-        return connect(self.settings)
-
-    @cached_property
-    def shards(self) -> ShardSet:
-        """The call stores: ``redisdelay_shards`` of them, plus retired ones that still hold calls."""
-        settings = self.settings
-        if settings.wait_replicas and is_cluster(self.client):
-            raise ConfigurationError(
-                "redisdelay_wait_replicas is not supported with a Redis Cluster store (WAIT cannot share a "
-                "cluster pipeline); set it to 0, or use Sentinel or a single server"
-            )
-        wait_ms = round(settings.wait_timeout * 1000)
-        return ShardSet(self.client, settings.key_prefix, settings.shards, settings.wait_replicas, wait_ms)
-
-    @cached_property
-    def keys(self) -> Keyspace:
-        """The keys of the first shard (the only one unless ``redisdelay_shards`` is set)."""
-        return self.store.keys
-
-    @cached_property
-    def store(self) -> CallStore:
-        """The first shard's store (the only one unless ``redisdelay_shards`` is set)."""
-        return self.shards.stores[0]
-
-    @cached_property
-    def accepted_content_types(self) -> frozenset[str] | None:
-        return accepted_content_types(self.app.conf.accept_content)
-
-    @cached_property
-    def fast_release(self) -> bool:
-        """Whether parked calls are stored as broker messages that the release script pushes itself.
-
-        ``redisdelay_fast_release`` None (the default) turns it on when the broker is a Redis on the
-        same server and database as the store; True insists on it; False keeps the kombu path.
-        """
-        wanted = self.settings.fast_release
-        if wanted is False:
-            return False
-        shared = broker_is_store(self.app, self.client)
-        if wanted and not shared:
-            raise ConfigurationError(
-                "redisdelay_fast_release is True, but the broker is not a Redis on the same server and database "
-                "as redisdelay_url; set it to None (automatic) or False"
-            )
-        return shared
-
-    @cached_property
-    def wire_format(self) -> bool:
-        """Whether parked calls are stored as the broker message itself: whenever the broker is a Redis
-        (unless ``redisdelay_fast_release`` is False). Where the store is not the broker's server (a
-        cluster, another Redis), the releaser pushes those messages onto the broker's lists in one
-        pipeline per batch instead of publishing them one by one through kombu."""
-        if self.settings.fast_release is False:
-            return False
-        connection = self.app.connection_for_write()
-        try:
-            return broker_redis.is_redis_transport(connection)
-        finally:
-            connection.release()
-
-    @cached_property
-    def broker_layout(self) -> wire.BrokerLayout:
-        return wire.BrokerLayout.of(self.app)
-
-    def releaser_for(self, store: CallStore) -> Releaser:
-        """The releaser of one shard (made once per shard)."""
-        made = self._releasers.get(store.keys.tag)
-        if made is None or made.store is not store:
-            lists = self.broker_layout.list_keys(self.app) if self.wire_format else None
-            made = Releaser(
-                self.app,
-                store,
-                self.settings,
-                lists,
-                new_id=lambda: self.shards.new_id(store),
-                in_script=self.fast_release,
-            )
-            self._releasers[store.keys.tag] = made
-        return made
+    # -- the parts (see Depot) -----------------------------------------------------------------
 
     @property
-    def releasers(self) -> list[Releaser]:
-        """A releaser for every shard, retired ones included."""
-        return [self.releaser_for(store) for store in self.shards.all()]
+    def settings(self) -> Settings:
+        """The ``redisdelay_*`` settings, read from ``app.conf`` the first time they are needed."""
+        return self.depot.settings
+
+    @property
+    def client(self) -> Any:
+        """The store's client: ``redis.Redis`` (one server or Sentinel's master) or ``RedisCluster``."""
+        return self.depot.client
+
+    @property
+    def shards(self) -> ShardSet:
+        """The call stores: ``redisdelay_shards`` of them, plus retired ones that still hold calls."""
+        return self.depot.shards
+
+    @property
+    def store(self) -> CallStore:
+        """The first shard's store (the only one unless ``redisdelay_shards`` is set)."""
+        return self.depot.store
+
+    @property
+    def keys(self) -> Keyspace:
+        """The keys of the first shard."""
+        return self.depot.keys
+
+    @property
+    def fast_release(self) -> bool:
+        """Whether the release script pushes stored broker messages itself (see :attr:`Depot.fast_release`)."""
+        return self.depot.fast_release
+
+    @property
+    def wire_format(self) -> bool:
+        """Whether calls are stored as broker messages (see :attr:`Depot.wire_format`)."""
+        return self.depot.wire_format
+
+    @property
+    def broker_layout(self) -> wire.BrokerLayout:
+        """How kombu's Redis transport names the app's queue lists."""
+        return self.depot.broker_layout
+
+    @property
+    def accepted_content_types(self) -> frozenset[str] | None:
+        """The content types workers accept (the app's ``accept_content``), or None for any."""
+        return self.depot.accepted_content_types
+
+    def releaser_for(self, store: CallStore) -> Releaser:
+        """The releaser of one shard."""
+        return self.releasers.of(store)
 
     @property
     def releaser(self) -> Releaser:
         """The first shard's releaser."""
-        return self.releaser_for(self.store)
+        return self.releasers.of(self.store)
 
     def _on_configured(self, sender: Any = None, source: Any = None, **_: Any) -> None:
         if sender is self.app and source is not None:
             self._install_schedule(source)
             try:
-                checks.check_protocol(source)
+                settings_module.check_protocol(source)
             except ConfigurationError as exc:
                 # Celery logs and swallows errors of this signal; parking raises it again.
                 logger.error("redisdelay: %s", exc)
@@ -250,7 +207,8 @@ class RedisDelay:
         return self._task_class(batch.BatchedTask)
 
     def _task_class(self, kind: type[T]) -> type[T]:
-        return type(kind.__name__, (kind, self.app.Task), {"redisdelay": self, "__module__": kind.__module__})
+        parts = {"depot": self.depot, "templates": self.templates, "redisdelay": self, "__module__": kind.__module__}
+        return type(kind.__name__, (kind, self.app.Task), parts)
 
     @overload
     def delayed(self, fun: F) -> DelayedTask: ...
@@ -330,28 +288,17 @@ class RedisDelay:
             return self.celery_send_task(name, *args, **kwargs)
         return task.park_sent(given, self.celery_send_task)
 
-    @cached_property
-    def templates(self) -> TemplateCache:
-        """Templates of single calls by task and options (see :mod:`celery_redisdelay.producer.templates`)."""
-        return TemplateCache()
-
     def check_size(self, what: str, size: int) -> None:
         """Refuse to store more than ``redisdelay_max_payload_bytes`` for one call (or batch item)."""
-        limit = self.settings.max_payload_bytes
-        if size > limit:
-            raise PayloadError(
-                f"the message of {what} is {size:,} bytes, more than redisdelay_max_payload_bytes ({limit:,}); "
-                "pass a reference to the data (an id, a URL) instead of the data, or raise the setting; "
-                "nothing was stored"
-            )
+        self.depot.check_size(what, size)
 
     def check_server(self) -> list[str]:
         """Problems of the store's Redis that can lose parked calls; logged loudly when workers and beat start."""
-        return checks.server_problems(self)
+        return checks.server_problems(self.depot)
 
     def check_config(self) -> list[str]:
         """Settings that make the broker deliver calls we track a second time; logged loudly at start-up."""
-        return checks.config_problems(self)
+        return checks.config_problems(self.depot)
 
     def _warn_about_server(self, sender: Any = None, **_: Any) -> None:
         app = getattr(sender, "app", None)
@@ -404,43 +351,17 @@ class RedisDelay:
     def cancel_many(self, task_ids: Sequence[str]) -> list[str]:
         """Drop the calls among ``task_ids`` that are still parked, 1,000 per script call, and record
         each as revoked (see :meth:`cancel`); returns the ids cancelled (the others were not parked)."""
-        dropped: list[Cancelled] = []
-
-        def cancel(store: CallStore, ids: list[str]) -> tuple[list[str], list[str]]:
-            found = store.cancel_many(ids)
-            dropped.extend(found)
-            return [call.id for call in found], []
-
-        cancelled = on_shards(self.shards, task_ids, cancel)[0]
-        failed = []
-        with contextlib.ExitStack() as stack:
-            # One event dispatcher for the lot, where task-revoked events are sent at all.
-            dispatcher = None
-            if self.app.conf.worker_send_task_events and len(dropped) > 1:
-                with contextlib.suppress(Exception):  # then each call tries on its own, and says if it fails
-                    dispatcher = stack.enter_context(self.app.events.default_dispatcher())
-            for call in dropped:
-                try:
-                    announce_revoked(self, call.id, call.payload, dispatcher=dispatcher)
-                except Exception as exc:  # noqa: BLE001 - every call is recorded that can be; then the error
-                    logger.warning("redisdelay: cancelled %s but could not record it revoked: %r", call.id, exc)
-                    failed.append(call.id)
-        if failed:
-            raise RedisDelayError(
-                f"{len(failed)} cancelled call(s) will not run, but their result could not be marked revoked "
-                f"(the result backend failed): {', '.join(failed[:10])}"
-            )
-        return cancelled
+        return revocation.cancel_many(self.depot, task_ids)
 
     def stats(self) -> dict[str, int]:
         """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``,
         and the open batch groups (``batch_groups``) and the items waiting in them (``batch_items``)."""
-        return self.shards.total([store.stats() for store in self.shards.all()])
+        return self.depot.stats()
 
     def find(self, task_id: str) -> Entry | None:
         """Where a call is (delayed, inflight or dead) with its metadata, or None."""
         check_task_id(task_id)
-        return self.shards.first(task_id, lambda store: store.find(task_id))
+        return self.shards.find(task_id)
 
     def dead_letters(self, limit: int = 100, offset: int = 0) -> list[Entry]:
         """A page of dead-lettered calls, oldest first over all shards; each entry's ``meta['why']`` says why."""
@@ -448,20 +369,18 @@ class RedisDelay:
         # One shard starts at its offset; merged shards are read from their starts, a bounded step at a time.
         skip = 0 if len(stores) == 1 else offset
         offsets = [offset] if len(stores) == 1 else [0] * len(stores)
-        scanner = Scanner(self, stores, "dead", offsets, chunk=max(1, min(skip + limit, LARGEST_STEP)))
+        scanner = Scanner(self.depot, stores, "dead", offsets, chunk=max(1, min(skip + limit, LARGEST_STEP)))
         found = [scanner.next() for _ in range(skip + limit)]
         return [entry for _, entry in filter(None, found)][skip:]
 
     def tick(self, shards: Sequence[int] | None = None) -> dict[str, int]:
         """Sweep timed-out calls and release due ones (the body of the ``redisdelay.tick`` task): on every
         shard, retired ones included, or on the configured shards of these indexes only."""
-        releasers = self.releasers if shards is None else [self.releaser_for(s) for s in self.shards.pick(shards)]
-        report: TickReport = tick_all(releasers)
+        report: TickReport = self.releasers.tick(shards)
         if report.released or report.requeued or report.dead:
             logger.info("redisdelay tick: %s", report.as_dict())
         return report.as_dict()
 
     def ping(self) -> bool:
         """Check that the store's Redis answers; raises :class:`StoreUnavailableError` when it does not."""
-        with redis_errors("ping Redis"):
-            return bool(self.client.ping())
+        return self.depot.ping()

@@ -147,3 +147,16 @@ def _broker_store(conf: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
             "set app.conf.redisdelay_url = 'redis://host:6379/0'"
         )
     return broker.store_url(), broker.client_options()
+
+
+def check_protocol(conf: Any) -> None:
+    """Refuse Celery's task message protocol 1: its countdown cannot be taken out of the message.
+
+    Before the app is configured, ``conf`` is what was set so far (Celery's ``app._preconf``): reading
+    ``app.conf`` then would load the configuration before the user is done with it."""
+    protocol = conf.get("task_protocol") or 2
+    if protocol != 2:
+        raise ConfigurationError(
+            f"task_protocol = {protocol!r}: celery-redisdelay needs Celery's task message protocol 2 (the default); "
+            "remove the task_protocol setting"
+        )

@@ -104,7 +104,7 @@ rd = RedisDelay(app)
 )
 def locked(run_id: str, number: int, fail_every: int, slot: int) -> None:
     """The validation consumer under one of a few locks: calls that find it busy are deferred."""
-    consume_message(rd, run_id, number, fail_every)
+    consume_message(rd.depot, run_id, number, fail_every)
 
 
 @rd.batched(
@@ -117,7 +117,7 @@ def locked(run_id: str, number: int, fail_every: int, slot: int) -> None:
 def batch(key: str, items: list[dict[str, Any]]) -> None:
     """Records every item of the batch as a message of its run (never failing on purpose)."""
     for item in items:
-        consume_message(rd, item["run"], int(item["n"]), 0)
+        consume_message(rd.depot, item["run"], int(item["n"]), 0)
 
 
 class EventLog:

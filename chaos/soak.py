@@ -159,7 +159,7 @@ class Soak:
         return found
 
     def lateness_histogram(self) -> list[tuple[float, int]]:
-        return snapshot(self.rd).lateness_buckets
+        return snapshot(self.rd.depot).lateness_buckets
 
     def soak(self) -> dict[str, Any]:
         """Park for the soak's minutes under the faults, drain, measure: the soak's part of the report."""
@@ -247,7 +247,7 @@ class Soak:
     def read_result(self, elapsed: float) -> dict[str, Any]:
         """The validation-style result of the soak; deletes the run's own keys (before the end measurement)."""
         dead = sum(int(self.rd.client.zcard(store.keys.dead)) for store in self.rd.shards.all())
-        report = collect_report(self.rd, self.run_id, self.parked, dead=dead, elapsed=elapsed, timed_out=False)
+        report = collect_report(self.rd.depot, self.run_id, self.parked, dead=dead, elapsed=elapsed, timed_out=False)
         kinds: dict[str, int] = {}
         for entry in self.run.ledger.by_number().values():
             kinds[entry.kind] = kinds.get(entry.kind, 0) + 1

@@ -85,4 +85,4 @@ def report_from_store(run: Run, rd: RedisDelay, progress: Progress) -> Validatio
         raise RuntimeError("the validation settled before its run id was seen")
     dead = sum(int(rd.client.zcard(store.keys.dead)) for store in rd.shards.all())  # only the run's calls
     numbers = range(run.args.count)
-    return collect_report(rd, run.run_id, numbers, dead=dead, elapsed=progress.elapsed(), timed_out=False)
+    return collect_report(rd.depot, run.run_id, numbers, dead=dead, elapsed=progress.elapsed(), timed_out=False)

@@ -311,7 +311,7 @@ def test_show_decodes_pickle_only_where_accept_content_allows_it(make_app: MakeA
     call = task_on(trusting, name).apply_async((42, ("a", b"b")), countdown=300)
     task_on(careful, name)
 
-    assert admin.describe(trusting, call.id)["payload"]["args"] == (42, ("a", b"b"))  # type: ignore[index]
+    assert admin.describe(trusting.depot, call.id)["payload"]["args"] == (42, ("a", b"b"))  # type: ignore[index]
     refused = as_json(careful, "show", call.id)["payload"]
     assert not refused["decoded"] and refused["note"] == "(pickle; not decoded)" and "args" not in refused
     table = ok(careful, "show", call.id).stdout
@@ -374,12 +374,12 @@ def test_requeue_all_dead_over_shards_in_small_steps(make_rd: Callable[..., Redi
     empty = ids[::7]
     for call_id in empty:
         rd.client.hdel(rd.shards.home(call_id).keys.payloads, call_id)
-    report = admin.requeue_all_dead(rd, step=4)
+    report = admin.requeue_all_dead(rd.depot, step=4)
     assert (report.requeued, report.without_payload) == (60 - len(empty), len(empty))
     assert set(report.without_payload_ids) == set(empty)
-    assert admin.dead_count(rd) == len(empty)
+    assert admin.dead_count(rd.depot) == len(empty)
     with pytest.raises(RedisDelayError, match="step must be an integer from 1 to 1000"):
-        admin.requeue_all_dead(rd, step=1001)
+        admin.requeue_all_dead(rd.depot, step=1001)
 
 
 def test_purge_dead_removes_everything_stored_for_them_and_nothing_else(rd: RedisDelay) -> None:
@@ -394,7 +394,7 @@ def test_purge_dead_removes_everything_stored_for_them_and_nothing_else(rd: Redi
 
     refused = invoke(rd, "purge", input="n\n")
     assert refused.exit_code == 1 and "delete 1,201 dead-lettered calls for good?" in refused.output
-    assert admin.dead_count(rd) == 1201
+    assert admin.dead_count(rd.depot) == 1201
 
     assert ok(rd, "purge", input="y\n").stdout.strip().endswith("purged 1,201 dead-lettered calls")
 
@@ -411,12 +411,12 @@ def test_purge_keeps_calls_dead_lettered_after_the_count(make_rd: Callable[..., 
     rd = make_rd(redisdelay_shards=2)
     ids = park(task_on(rd), 5)
     bury_all(rd, ids[:3])
-    now = admin.server_ms(rd)
+    now = admin.server_ms(rd.depot)
     for call_id in ids[3:]:
         store = rd.shards.home(call_id)
         store.bury(call_id, "later")
         store.client.zadd(store.keys.dead, {call_id: now + HOUR_MS}, xx=True)
-    assert admin.purge_dead(rd, step=1, before_ms=now) == 3
+    assert admin.purge_dead(rd.depot, step=1, before_ms=now) == 3
     assert held(rd, "payloads") == set(ids[3:])
 
 

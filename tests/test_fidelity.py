@@ -195,14 +195,14 @@ def test_a_compressed_call_is_read_as_a_worker_reads_it_and_a_broken_one_still_c
     _, rd = with_backend(make_app, redis_server)
     echo = echo_on(rd)
     readable = echo.apply_async((1, "two"), countdown=60, compression="zlib")
-    shown = admin.describe(rd, readable.id)
+    shown = admin.describe(rd.depot, readable.id)
     assert shown is not None and (shown["payload"]["args"], shown["payload"].get("note")) == ([1, "two"], None)
 
     broken = echo.apply_async((3,), countdown=60, compression="zlib")
     envelope = decode_stored(rd.client.hget(rd.keys.payloads, broken.id))
     assert isinstance(envelope, Envelope)
     rd.client.hset(rd.keys.payloads, broken.id, replace(envelope, body=b"not zlib at all").encode())
-    shown = admin.describe(rd, broken.id)
+    shown = admin.describe(rd.depot, broken.id)
     assert shown is not None and "undecodable" in shown["payload"]["note"]
     assert rd.cancel(broken.id) is True, "an unreadable body does not stop a cancel"
     assert broken.state == "REVOKED"
@@ -245,7 +245,7 @@ def test_a_revoke_heard_by_a_worker_drops_parked_calls_for_good(make_app: MakeAp
     parked = echo.apply_async((1,), countdown=60)
     released = echo.apply_async((2,), countdown=0)
     assert rd.tick()["released"] == 1
-    assert drop_revoked(rd, [parked.id, released.id, "never-parked"]) == 1
+    assert drop_revoked(rd.depot, [parked.id, released.id, "never-parked"]) == 1
     assert rd.find(parked.id) is None and parked.state == "REVOKED"
     entry = rd.find(released.id)
     assert entry is not None and entry.state == "inflight", "the worker that receives it discards it"

@@ -156,14 +156,13 @@ def test_a_child_parks_while_a_parent_thread_is_inside_the_pool(make_app: Any, m
 
 def test_a_child_works_out_a_cached_attribute_another_thread_was_working_out(make_app: Any, monkeypatch: Any) -> None:
     # functools.cached_property on Python 3.11 shares one lock between all instances of a class: a parent
-    # thread working out one extension's client at the fork left every child unable to work out any.
-    from celery_redisdelay import extension
-    from celery_redisdelay.store import connection
+    # thread working out one app's client at the fork left every child unable to work out any.
+    from celery_redisdelay.store import connection, depot
 
     _, slow = make_app()
     _, other = make_app()
     other = with_noop(other)
-    vars(other).pop("client", None)
+    vars(other.depot).pop("client", None)
     inside, leave = threading.Event(), threading.Event()
     connect = connection.connect
     holder = 0
@@ -179,7 +178,7 @@ def test_a_child_works_out_a_cached_attribute_another_thread_was_working_out(mak
         holder = threading.get_ident()
         assert slow.client is not None
 
-    monkeypatch.setattr(extension, "connect", slow_connect)
+    monkeypatch.setattr(depot, "connect", slow_connect)
     thread = threading.Thread(target=work_out, daemon=True)
     thread.start()
     assert inside.wait(10)

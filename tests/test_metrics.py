@@ -56,7 +56,7 @@ def test_totals_count_each_change_once(make_app: MakeApp, client: redis.Redis, f
         assert rd.shards.first(call_id, lambda store, i=call_id, o=outcome: store.ack(i, o))
     assert rd.cancel(echo.apply_async((10,), countdown=3600).id)
     rd.tick()
-    shot = snapshot(rd)
+    shot = snapshot(rd.depot)
     assert shot.totals == {
         "released": 10,
         "swept": 0,
@@ -94,7 +94,7 @@ def test_sweeps_batches_and_deferrals_are_counted(make_app: MakeApp, client: red
     rd.tick()
     with rd.lock("order:1", timeout=30):
         status, _ = rd.store.lock_take("order:1", "other", 1000, call.id, 1000)
-    shot = snapshot(rd)
+    shot = snapshot(rd.depot)
     assert shot.totals["batches_flushed"] == 2
     assert shot.totals["swept"] == 1
     assert (status, shot.totals["lock_deferrals"]) == (0, 1)
@@ -110,7 +110,7 @@ def test_the_exporter_serves_prometheus_text(make_app: MakeApp, client: redis.Re
     echo.apply_async((9,), countdown=3600)
     rd.tick()
     port = free_port()
-    server = serve(rd, port)
+    server = serve(rd.depot, port)
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
             page = response.read().decode()

@@ -97,7 +97,7 @@ def test_a_call_made_due_before_every_other_wakes_the_precise_releaser(rd: Redis
     elif how == "rd.requeue":
         assert rd.requeue(moved)
     else:
-        done, refused = act_on(rd, how, [moved])
+        done, refused = act_on(rd.depot, how, [moved])
         assert (done, refused) == ([moved], [])
     assert rd.client.zrange(rd.keys.wake, 0, -1) == [moved.encode()], "a releaser asleep until the other call"
     assert rd.find(later).state == "delayed"  # type: ignore[union-attr]
@@ -132,7 +132,7 @@ def test_cancel_matching_takes_every_match_in_small_steps_and_nothing_else(
     first, second = tasks(three)
     keep, drop = interleave(three, first, second, 60)
 
-    report = act_on_matching(three, "cancel", Filter(task=second.name), newest_first=newest_first, step=4, scan=9)
+    report = act_on_matching(three.depot, "cancel", Filter(task=second.name), newest_first=newest_first, step=4, scan=9)
     assert (report.done, report.stopped) == (len(drop), None)
     assert report.steps >= len(drop) // 4 and report.scanned >= 60
     assert all(score is None for score in scores(three, drop))
@@ -150,13 +150,18 @@ def test_reschedule_matching_moves_each_match_once_wherever_it_lands(
     countdown_ms = 3_600_000 if later else 630_000  # after every call, or among them
 
     report = act_on_matching(
-        three, "reschedule", Filter(task=second.name), countdown_ms=countdown_ms, newest_first=newest_first, step=2
+        three.depot,
+        "reschedule",
+        Filter(task=second.name),
+        countdown_ms=countdown_ms,
+        newest_first=newest_first,
+        step=2,
     )
     assert report.done == len(move), "each call once, none skipped"
     assert len(set(scores(three, move))) == 1
     assert scores(three, keep) == kept
 
-    now = act_on_matching(three, "run-now", Filter(search="order-1"), step=3)  # order-1, order-10..19
+    now = act_on_matching(three.depot, "run-now", Filter(search="order-1"), step=3)  # order-1, order-10..19
     assert now.done == 11
     assert report.as_dict()["action"] == "reschedule" and now.as_dict()["action"] == "run-now"
 
@@ -168,19 +173,19 @@ def test_requeue_and_purge_matching_leave_calls_without_payload_and_other_tasks(
         assert three.shards.home(call_id).bury(call_id, "buried by the test")
     three.client.hdel(three.shards.home(dead[0]).keys.payloads, dead[0])
 
-    report = act_on_matching(three, "requeue", Filter(task=second.name), step=3)
+    report = act_on_matching(three.depot, "requeue", Filter(task=second.name), step=3)
     assert (report.done, report.refused, report.refused_ids) == (len(dead) - 1, 1, [dead[0]])
-    assert act_on_matching(three, "purge", Filter(task=first.name), step=5).done == len(keep)
+    assert act_on_matching(three.depot, "purge", Filter(task=first.name), step=5).done == len(keep)
     assert (three.stats()["delayed"], three.stats()["dead"]) == (len(dead) - 1, 1)
 
 
 def test_a_bulk_action_stops_after_most_calls_and_says_so(rd: RedisDelay) -> None:
     [echo] = tasks(rd, 1)
     echo.park_many([(n,) for n in range(25)], countdown=600)
-    report = act_on_matching(rd, "cancel", Filter(), step=10, most=10)
+    report = act_on_matching(rd.depot, "cancel", Filter(), step=10, most=10)
     assert (report.done, rd.stats()["delayed"]) == (10, 15)
     assert report.stopped is not None and "run it again" in report.stopped
-    assert act_on(rd, "purge", ["unknown"]) == ([], [])
+    assert act_on(rd.depot, "purge", ["unknown"]) == ([], [])
 
 
 # -- pages: orders and filters ----------------------------------------------------------------------
@@ -216,22 +221,22 @@ def test_pages_newest_first_by_queue_and_by_arguments(make_app: MakeApp) -> None
     ids = [first.apply_async((n, f"order-{n}"), countdown=600 + n).id for n in range(6)]
     routed = second.apply_async(kwargs={"note": "Refund ORDER-9"}, countdown=601.5, queue="billing").id
 
-    newest = admin.page(rd, "delayed", newest_first=True, limit=4)
+    newest = admin.page(rd.depot, "delayed", newest_first=True, limit=4)
     assert [entry.id for entry in newest.calls] == [ids[5], ids[4], ids[3], ids[2]] and newest.order == "newest"
-    rest = admin.page(rd, "delayed", newest_first=True, limit=4, cursor=newest.next_cursor)
+    rest = admin.page(rd.depot, "delayed", newest_first=True, limit=4, cursor=newest.next_cursor)
     assert [entry.id for entry in rest.calls] == [routed, ids[1], ids[0]] and rest.next_cursor is None
 
-    billing = admin.page(rd, "delayed", queue="billing")
+    billing = admin.page(rd.depot, "delayed", queue="billing")
     assert [(entry.id, entry.queue) for entry in billing.calls] == [(routed, "billing")]
     default = rd.app.conf.task_default_queue
-    assert {entry.queue for entry in admin.page(rd, "delayed", task=first.name).calls} == {default}
-    found = admin.page(rd, "delayed", search="order-9")
+    assert {entry.queue for entry in admin.page(rd.depot, "delayed", task=first.name).calls} == {default}
+    found = admin.page(rd.depot, "delayed", search="order-9")
     assert [entry.id for entry in found.calls] == [routed], "any case, in kwargs too"
-    assert [entry.id for entry in admin.page(rd, "delayed", search='"order-3"').calls] == [ids[3]]
+    assert [entry.id for entry in admin.page(rd.depot, "delayed", search='"order-3"').calls] == [ids[3]]
 
-    stopped = admin.page(rd, "delayed", search="nowhere", scan=3, limit=2)
+    stopped = admin.page(rd.depot, "delayed", search="nowhere", scan=3, limit=2)
     assert stopped.scan_stopped and stopped.scanned == 3 and stopped.calls == []
-    assert admin.page(rd, "delayed", queue="billing", task=first.name).calls == []
+    assert admin.page(rd.depot, "delayed", queue="billing", task=first.name).calls == []
 
 
 # -- the command line -------------------------------------------------------------------------------

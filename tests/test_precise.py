@@ -14,7 +14,8 @@ import redis
 from celery import Celery
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.release.precise import PreciseReleaser, PreciseReleaseStep
+from celery_redisdelay.bootsteps import PreciseReleaseStep
+from celery_redisdelay.release.precise import PreciseReleaser
 from celery_redisdelay.testing import wait_for
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -35,7 +36,7 @@ def published(client: redis.Redis, rd: RedisDelay) -> list[str]:
 
 @contextmanager
 def running(rd: RedisDelay, longest_sleep: float = 30.0) -> Iterator[PreciseReleaser]:
-    releaser = PreciseReleaser(rd, longest_sleep=longest_sleep, retry_after=0.05)
+    releaser = PreciseReleaser(rd.releasers, longest_sleep=longest_sleep, retry_after=0.05)
     thread = threading.Thread(target=releaser.run, daemon=True)
     thread.start()
     try:

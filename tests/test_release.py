@@ -83,7 +83,7 @@ def app_on() -> Iterator[MakeApp]:
 
     yield make
     for app, extension in made:
-        if "client" in extension.__dict__:
+        if "client" in vars(extension.depot):
             extension.client.close()
         app.close()
 

@@ -90,7 +90,7 @@ def test_releasers_that_own_a_shard_each_release_only_their_own(make_app: MakeAp
     assert rd.tick(shards=[1])["released"] == len(by_shard[1])
     assert set(queued_ids(client, rd)) == by_shard[1]
     assert [store.stats()["delayed"] for store in rd.shards.stores] == [len(by_shard[0]), 0, len(by_shard[2])]
-    owners = [PreciseReleasers(rd, longest_sleep=0.05, shards=[index]) for index in (0, 2)]
+    owners = [PreciseReleasers(rd.releasers, longest_sleep=0.05, shards=[index]) for index in (0, 2)]
     assert [[r.store for r in owner.releasers] for owner in owners] == [[rd.shards.stores[0]], [rd.shards.stores[2]]]
     threads = [threading.Thread(target=owner.run, daemon=True) for owner in owners]
     for thread in threads:
@@ -212,7 +212,7 @@ def test_calls_parked_before_the_shard_count_changed_are_still_served(make_app: 
 def test_precise_releasers_watch_every_shard(make_app: MakeApp, client: redis.Redis) -> None:
     _, rd = make_app(redisdelay_shards=3)
     echo = echo_on(rd)
-    releasers = PreciseReleasers(rd, longest_sleep=30.0)
+    releasers = PreciseReleasers(rd.releasers, longest_sleep=30.0)
     thread = threading.Thread(target=releasers.run, daemon=True)
     thread.start()
     try:

@@ -110,7 +110,7 @@ def test_a_user_limited_to_the_documented_acl_can_run_the_store(
     assert rd.reschedule(later, countdown=60) and rd.cancel(later)
     assert rd.shards.home(due[1]).bury(due[1], "by hand") and rd.requeue(due[1])
     assert rd.stats()["inflight"] == 8
-    assert admin_status(rd)["delayed"] == 1
+    assert admin_status(rd.depot)["delayed"] == 1
     assert rd.check_server() == [], "CONFIG is not allowed: the check says nothing rather than fail"
     with rd.lock("order:1", timeout=5):
         pass

@@ -91,7 +91,7 @@ def cancel(ctx: click.Context, /, **options: Any) -> None:
         chosen.one(bool(rd.cancel_many([chosen.task_id])), "cancelled", f"cancelled {chosen.task_id}")
         return
     chosen.confirm(rd, "cancel")
-    chosen.report(act_on_matching(rd, "cancel", chosen.matching), "cancelled")
+    chosen.report(act_on_matching(rd.depot, "cancel", chosen.matching), "cancelled")
 
 
 @click.command()
@@ -114,7 +114,7 @@ def reschedule(ctx: click.Context, /, countdown: float | None, eta: str | None, 
         chosen.one(moved, "rescheduled", f"rescheduled {chosen.task_id}")
         return
     chosen.confirm(rd, "reschedule")
-    report = act_on_matching(rd, "reschedule", chosen.matching, due_ms=due.at_ms, countdown_ms=due.countdown_ms)
+    report = act_on_matching(rd.depot, "reschedule", chosen.matching, due_ms=due.at_ms, countdown_ms=due.countdown_ms)
     chosen.report(report, "rescheduled")
 
 
@@ -127,10 +127,10 @@ def run_now(ctx: click.Context, /, **options: Any) -> None:
     chosen = Selection.of(options)
     rd = extension(ctx)
     if chosen.task_id is not None:
-        chosen.one(bool(act_on(rd, "run-now", [chosen.task_id])[0]), "due_now", f"{chosen.task_id} is due now")
+        chosen.one(bool(act_on(rd.depot, "run-now", [chosen.task_id])[0]), "due_now", f"{chosen.task_id} is due now")
         return
     chosen.confirm(rd, "run now")
-    chosen.report(act_on_matching(rd, "run-now", chosen.matching), "due now")
+    chosen.report(act_on_matching(rd.depot, "run-now", chosen.matching), "due now")
 
 
 COMMANDS = (cancel, reschedule, run_now)

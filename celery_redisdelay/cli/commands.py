@@ -66,7 +66,7 @@ def releaser(ctx: click.Context, longest_sleep: float, shards: tuple[int, ...]) 
     On a sharded store, releasers that each own their shards (--shard) do not compete for any.
     """
     rd = extension(ctx)
-    running = PreciseReleasers(rd, longest_sleep=longest_sleep, shards=shards or None)
+    running = PreciseReleasers(rd.releasers, longest_sleep=longest_sleep, shards=shards or None)
 
     on_stop_signals(running.stop)
     say(f"redisdelay releaser: releasing calls of {rd.app.main} as they fall due (pid {os.getpid()})")
@@ -82,7 +82,7 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
     """Serve Prometheus metrics at http://ADDRESS:PORT/metrics until SIGTERM or Ctrl-C (the prometheus extra)."""
     rd = extension(ctx)
     try:
-        server = metrics.serve(rd, port, address)
+        server = metrics.serve(rd.depot, port, address)
     except (RuntimeError, OSError) as exc:
         raise click.ClickException(f"cannot serve metrics on {address}:{port}: {exc}") from exc
     stopping = threading.Event()
@@ -133,7 +133,7 @@ def web(
 @click.pass_context
 def status(ctx: click.Context, as_json: bool) -> None:
     """Calls per state, the release and sweep backlogs, dead letters, and memory, over all shards."""
-    found = admin.status(extension(ctx))
+    found = admin.status(extension(ctx).depot)
     if as_json:
         emit(found, True)
         return
@@ -198,7 +198,7 @@ def list_calls(
 ) -> None:
     """A page of calls in one state, oldest first (due time, deadline or burial), over all shards."""
     found = admin.page(
-        extension(ctx),
+        extension(ctx).depot,
         state,
         limit=limit,
         cursor=cursor,
@@ -249,7 +249,7 @@ def list_calls(
 @click.pass_context
 def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """One call: where it is, its metadata and its arguments."""
-    found = admin.describe(extension(ctx), task_id)
+    found = admin.describe(extension(ctx).depot, task_id)
     if found is None:
         raise click.ClickException(f"no call {task_id} in the store (never parked, finished, cancelled or purged)")
     if as_json:
@@ -320,7 +320,7 @@ def requeue(ctx: click.Context, task_id: str | None, all_dead: bool, as_json: bo
             raise click.ClickException(f"{task_id} is not in the dead-letter set")
         emit({"requeued": task_id} if as_json else f"requeued {task_id}", as_json)
         return
-    report = admin.requeue_all_dead(rd)
+    report = admin.requeue_all_dead(rd.depot)
     if as_json:
         emit(report.as_dict(), True)
         return
@@ -342,14 +342,14 @@ def purge(ctx: click.Context, force: bool, as_json: bool) -> None:
     """Delete the dead-lettered calls for good, with their payloads and metadata (calls dead-lettered
     while this runs are kept)."""
     rd = extension(ctx)
-    now = admin.server_ms(rd)
+    now = admin.server_ms(rd.depot)
     if not force:
-        count = admin.dead_count(rd, before_ms=now)
+        count = admin.dead_count(rd.depot, before_ms=now)
         if count == 0:
             emit({"purged": 0} if as_json else "no dead-lettered calls", as_json)
             return
         click.confirm(f"delete {count:,} dead-lettered calls for good?", abort=True, err=True)
-    purged = admin.purge_dead(rd, before_ms=now)
+    purged = admin.purge_dead(rd.depot, before_ms=now)
     emit({"purged": purged} if as_json else f"purged {purged:,} dead-lettered calls", as_json)
 
 

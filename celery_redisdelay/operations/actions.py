@@ -5,69 +5,32 @@ grouped by the shard they live in (a call parked under another shard count is lo
 others). "Everything matching a filter" reads the matching calls page by page with the paginator of
 :mod:`celery_redisdelay.operations.listing` and acts on each page as it goes, so it never holds more than one step
 of ids and no script walks an unbounded backlog; it stops early, and says so, after ``most`` calls or
-``budget`` seconds. Cancelling goes through :meth:`RedisDelay.cancel_many`, which also marks each
-cancelled call REVOKED in the result backend.
+``budget`` seconds. Cancelling goes through :func:`~celery_redisdelay.worker.revocation.cancel_many`,
+which also marks each cancelled call REVOKED in the result backend.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RedisDelayError
-from ..store.calls import LARGEST_STEP, CallStore
+from ..store.calls import LARGEST_STEP
+from ..store.shards import Step, on_shards
+from ..worker.revocation import cancel_many
 from .listing import Filter, Scanner, scanner_for, server_ms
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
-    from ..store.shards import ShardSet
+    from ..store.depot import Depot
 
 #: Actions and the state their calls must be in.
 ACTION_STATES = {"run-now": "delayed", "reschedule": "delayed", "cancel": "delayed", "requeue": "dead", "purge": "dead"}
-#: One step on one shard: (ids done, ids found but refused).
-Step = Callable[[CallStore, list[str]], tuple[list[str], list[str]]]
 
 
-def chunks(ids: Sequence[str], size: int = LARGEST_STEP) -> list[list[str]]:
-    return [list(ids[start : start + size]) for start in range(0, len(ids), size)]
-
-
-def on_shards(shards: ShardSet, ids: Sequence[str], step: Step) -> tuple[list[str], list[str]]:
-    """Run ``step`` over ``ids``: on each call's home shard, then the ids it did not find there on the
-    other shards; every script call takes at most 1,000 ids. Returns (ids done, ids found but refused)."""
-    unique = list(dict.fromkeys(ids))
-    homes: dict[int, list[str]] = {}
-    stores = shards.all()
-    for call_id in unique:
-        homes.setdefault(stores.index(shards.home(call_id)), []).append(call_id)
-    done: list[str] = []
-    refused: list[str] = []
-    missing: dict[int, list[str]] = {}
-    for index, home_ids in homes.items():
-        for chunk in chunks(home_ids):
-            did, left = step(stores[index], chunk)
-            done += did
-            refused += left
-            seen = set(did) | set(left)
-            missing[index] = missing.get(index, []) + [call_id for call_id in chunk if call_id not in seen]
-    for index, lost in missing.items():
-        for other, store in enumerate(stores):
-            if other == index or not lost:
-                continue
-            found: set[str] = set()
-            for chunk in chunks(lost):
-                did, left = step(store, chunk)
-                done += did
-                refused += left
-                found |= set(did) | set(left)
-            lost = [call_id for call_id in lost if call_id not in found]
-    return done, refused
-
-
-def step_for(rd: RedisDelay, action: str, due_ms: int | None = None) -> Step:
-    """The script step of an action (``cancel`` is :meth:`RedisDelay.cancel_many`'s own)."""
+def step_for(depot: Depot, action: str, due_ms: int | None = None) -> Step:
+    """The script step of an action (``cancel`` is :func:`~celery_redisdelay.worker.revocation.cancel_many`)."""
     if action == "run-now":
         return lambda store, ids: (store.reschedule_many(ids, countdown_ms=0)[1], [])
     if action == "reschedule":
@@ -81,14 +44,14 @@ def step_for(rd: RedisDelay, action: str, due_ms: int | None = None) -> Step:
     raise RedisDelayError(f"unknown action {action!r}; expected one of {', '.join(ACTION_STATES)}")
 
 
-def act_on(rd: RedisDelay, action: str, ids: Sequence[str], due_ms: int | None = None) -> tuple[list[str], list[str]]:
+def act_on(depot: Depot, action: str, ids: Sequence[str], due_ms: int | None = None) -> tuple[list[str], list[str]]:
     """Do ``action`` to the calls ``ids``: (ids done, ids found but refused: dead without a payload).
 
     Ids that are not in the action's state (released, finished, cancelled meanwhile) are in neither.
     """
     if action == "cancel":
-        return rd.cancel_many(ids), []
-    return on_shards(rd.shards, ids, step_for(rd, action, due_ms))
+        return cancel_many(depot, ids), []
+    return on_shards(depot.shards, ids, step_for(depot, action, due_ms))
 
 
 @dataclass
@@ -116,7 +79,7 @@ class BulkReport:
 
 
 def act_on_matching(
-    rd: RedisDelay,
+    depot: Depot,
     action: str,
     found: Filter,
     *,
@@ -144,19 +107,19 @@ def act_on_matching(
         raise RedisDelayError(f"step must be from 1 to {LARGEST_STEP} and scan at least 1, not {step} and {scan}")
     report = BulkReport(action)
     if action == "reschedule" and countdown_ms is not None:
-        due_ms = server_ms(rd) + countdown_ms
+        due_ms = server_ms(depot) + countdown_ms
     if action == "run-now":
-        action, due_ms = "reschedule", server_ms(rd)  # one due time for all: each call is moved once
+        action, due_ms = "reschedule", server_ms(depot)  # one due time for all: each call is moved once
     if action == "reschedule" and due_ms is None:
         raise RedisDelayError("reschedule needs countdown_ms or due_ms")
     if action != "reschedule":
         due_ms = None
-    scanner = scanner_for(rd, state, None, found, newest_first=newest_first, chunk=min(step, scan))
+    scanner = scanner_for(depot, state, None, found, newest_first=newest_first, chunk=min(step, scan))
     started = time.monotonic()
     while True:
-        picked, last = _pick(rd, scanner, found, report, step, scan, skip_score=due_ms)
+        picked, last = _pick(depot, scanner, found, report, step, scan, skip_score=due_ms)
         if picked:
-            _act(rd, action, scanner, picked, last, report, due_ms, newest_first)
+            _act(depot, action, scanner, picked, last, report, due_ms, newest_first)
         if scanner.exhausted:
             return report
         if most is not None and report.done >= most:
@@ -168,7 +131,7 @@ def act_on_matching(
 
 
 def _pick(
-    rd: RedisDelay,
+    depot: Depot,
     scanner: Scanner,
     found: Filter,
     report: BulkReport,
@@ -189,7 +152,7 @@ def _pick(
         last[shard] = (entry.score_ms, entry.id)
         if skip_score is not None and entry.score_ms == skip_score:
             continue  # already due at the new time (moved by an earlier round)
-        if found.matches(rd, entry):
+        if found.matches(depot, entry):
             picked.setdefault(shard, []).append(entry.id)
             count += 1
     report.scanned += read
@@ -197,7 +160,7 @@ def _pick(
 
 
 def _act(
-    rd: RedisDelay,
+    depot: Depot,
     action: str,
     scanner: Scanner,
     picked: dict[int, list[str]],
@@ -209,7 +172,7 @@ def _act(
     """One round: the action on the picked ids, then the read position moved back over the calls that
     left the part of the set already read."""
     ids = [call_id for shard_ids in picked.values() for call_id in shard_ids]
-    done, refused = act_on(rd, action, ids, due_ms)
+    done, refused = act_on(depot, action, ids, due_ms)
     report.steps += 1
     report.done += len(done)
     report.refused += len(refused)

@@ -1,6 +1,7 @@
 """What an operator sees and does, over all shards: the logic behind ``celery -A proj redisdelay ...``.
 
-Plain functions taking a :class:`RedisDelay`, so scripts and tests get what the command line prints.
+Plain functions taking an app's :class:`~celery_redisdelay.store.depot.Depot` (``rd.depot``), so scripts and tests get
+what the command line prints.
 Every read is bounded: pages read at most ``limit`` entries per shard and resume from a cursor of
 per-shard offsets, and the bulk operations run a script that handles at most 1,000 entries per call.
 Only per-key commands and non-transactional pipelines are used, so all of it works on a Redis Cluster.
@@ -19,7 +20,7 @@ from .listing import ORDERS, SCORE_MEANING, Filter, Page, entry_dict, format_cur
 from .payloads import PICKLE, SHOWN_HEADERS, decode_payload, queue_of
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
+    from ..store.depot import Depot
 
 __all__ = [
     "LARGEST_STEP",
@@ -51,7 +52,7 @@ NAMED_IDS = 100
 # -- status ---------------------------------------------------------------------------------------
 
 
-def status(rd: RedisDelay) -> dict[str, Any]:
+def status(depot: Depot) -> dict[str, Any]:
     """Counts per state over all shards, the release and sweep backlogs with their oldest call, batch
     groups, and an estimate of the memory our keys use.
 
@@ -65,7 +66,7 @@ def status(rd: RedisDelay) -> dict[str, Any]:
     when the server refuses ``MEMORY``. ``locks_with_waiters`` counts locks with calls deferred behind
     them (the lock scripts keep the count; lines that started waiting before it was kept are not in it).
     """
-    stores = rd.shards.all()
+    stores = depot.shards.all()
     names = (
         "delayed",
         "due",
@@ -81,7 +82,7 @@ def status(rd: RedisDelay) -> dict[str, Any]:
     firsts: dict[str, list[tuple[float, float, str, CallStore]]] = {"delayed": [], "inflight": []}
     for store in stores:
         keys = store.keys
-        now = server_ms(rd, store)
+        now = server_ms(depot, store)
         with redis_errors("read the store's counts"):
             pipe = store.client.pipeline(transaction=False)
             pipe.zcard(keys.delayed)
@@ -112,8 +113,8 @@ def status(rd: RedisDelay) -> dict[str, Any]:
         else:
             memory += sum(usage)
     return {
-        "shards": rd.shards.count,
-        "retired_shards": len(stores) - rd.shards.count,
+        "shards": depot.shards.count,
+        "retired_shards": len(stores) - depot.shards.count,
         **totals,
         "oldest_overdue": _oldest(firsts["delayed"]),
         "oldest_expired": _oldest(firsts["inflight"]),
@@ -141,19 +142,19 @@ def _oldest(candidates: list[tuple[float, float, str, CallStore]]) -> dict[str, 
 # -- one call ---------------------------------------------------------------------------------------
 
 
-def describe(rd: RedisDelay, call_id: str) -> dict[str, Any] | None:
+def describe(depot: Depot, call_id: str) -> dict[str, Any] | None:
     """Everything the store holds about one call, its arguments decoded; None when it holds nothing.
 
     No event log is kept per call (each would cost memory for every parked call): what is known of its
     history is in the metadata, as the deliveries so far, the phase it was last seen in, the deferrals
     behind a busy lock and, for a dead call, why it was dead-lettered.
     """
-    entry = rd.find(call_id)
+    entry = depot.shards.find(call_id)
     if entry is None:
         return None
-    now = server_ms(rd)
+    now = server_ms(depot)
     meta = entry.meta
-    payload = None if entry.envelope is None else decode_payload(rd, entry.envelope)
+    payload = None if entry.envelope is None else decode_payload(depot, entry.envelope)
     return {
         "id": entry.id,
         "state": entry.state,
@@ -172,24 +173,24 @@ def describe(rd: RedisDelay, call_id: str) -> dict[str, Any] | None:
         "broker_list": meta.get("l"),
         "why": meta.get("why"),
         "meta": meta,
-        "queue": queue_of(rd, meta, entry.envelope),
+        "queue": queue_of(depot, meta, entry.envelope),
         "payload": payload,
-        "lock": None if payload is None else lock_of(rd, entry.id, meta.get("t"), payload),
+        "lock": None if payload is None else lock_of(depot, entry.id, meta.get("t"), payload),
         "now_ms": now,
     }
 
 
-def lock_of(rd: RedisDelay, call_id: str, task_name: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
+def lock_of(depot: Depot, call_id: str, task_name: Any, payload: dict[str, Any]) -> dict[str, Any] | None:
     """The lock a call takes when it runs (its task's ``lock`` template filled with its arguments) and
     that lock's state now; None when its task declares no lock or is not registered in this process."""
-    task = rd.app.tasks.get(task_name) if isinstance(task_name, str) else None
+    task = depot.app.tasks.get(task_name) if isinstance(task_name, str) else None
     if getattr(task, "lock", None) is None or not payload["decoded"]:
         return None
     try:
         name = task.lock_name(payload["args"] or (), payload["kwargs"] or {})  # type: ignore[union-attr]
     except RedisDelayError as exc:
         return {"name": None, "note": str(exc)}
-    store = rd.shards.for_name(name)
+    store = depot.shards.for_name(name)
     with redis_errors(f"read lock {name}"):
         pipe = store.client.pipeline(transaction=False)
         pipe.pttl(store.keys.lock(name))
@@ -230,7 +231,7 @@ def _check_step(step: int) -> None:
         raise RedisDelayError(f"step must be an integer from 1 to {LARGEST_STEP}, not {step!r}")
 
 
-def requeue_all_dead(rd: RedisDelay, step: int = LARGEST_STEP) -> RequeueReport:
+def requeue_all_dead(depot: Depot, step: int = LARGEST_STEP) -> RequeueReport:
     """Give every dead-lettered call a fresh start, due now, ``step`` entries per script call.
 
     A dead entry without payload has nothing to run: it stays dead, is counted, and later steps pass
@@ -238,7 +239,7 @@ def requeue_all_dead(rd: RedisDelay, step: int = LARGEST_STEP) -> RequeueReport:
     """
     _check_step(step)
     report = RequeueReport()
-    for store in rd.shards.all():
+    for store in depot.shards.all():
         passed = 0
         while True:
             requeued, looked_at, left = store.requeue_dead(step, passed)
@@ -252,16 +253,16 @@ def requeue_all_dead(rd: RedisDelay, step: int = LARGEST_STEP) -> RequeueReport:
     return report
 
 
-def dead_count(rd: RedisDelay, before_ms: int | None = None) -> int:
+def dead_count(depot: Depot, before_ms: int | None = None) -> int:
     """How many calls are dead-lettered over all shards (with ``before_ms``, dead since then or earlier)."""
     total = 0
-    for store in rd.shards.all():
+    for store in depot.shards.all():
         with redis_errors("count dead-lettered calls"):
             total += int(store.client.zcount(store.keys.dead, "-inf", "+inf" if before_ms is None else before_ms))
     return total
 
 
-def purge_dead(rd: RedisDelay, step: int = LARGEST_STEP, before_ms: int | None = None) -> int:
+def purge_dead(depot: Depot, step: int = LARGEST_STEP, before_ms: int | None = None) -> int:
     """Delete dead-lettered calls for good, with their payload, metadata and unique-key entry; how many.
 
     With ``before_ms``, only calls dead-lettered at or before then: what an operator counted and
@@ -270,7 +271,7 @@ def purge_dead(rd: RedisDelay, step: int = LARGEST_STEP, before_ms: int | None =
     _check_step(step)
     bound = "+inf" if before_ms is None else str(before_ms)
     purged = 0
-    for store in rd.shards.all():
+    for store in depot.shards.all():
         while True:
             deleted = store.purge_dead(step, bound)
             purged += deleted

@@ -1,7 +1,7 @@
 """Start-up checks: what in the store's Redis or the settings can lose parked calls or deliver them twice.
 
 Workers and beat log each problem as a WARNING when they start (``RedisDelay._warn_about_server``);
-``rd.check_server()`` and ``rd.check_config()`` return the same texts.
+``depot.check_server()`` and ``depot.check_config()`` return the same texts.
 """
 
 from __future__ import annotations
@@ -11,54 +11,53 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from ..broker_redis import is_redis_transport
-from ..errors import ConfigurationError
 from ..producer.task import DelayedTask
 from ..store.calls import text
 from ..store.connection import is_cluster
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
+    from ..store.depot import Depot
 
 
-def server_problems(rd: RedisDelay) -> list[str]:
+def server_problems(depot: Depot) -> list[str]:
     """Problems of the store's Redis that can lose parked calls; logged loudly when workers and beat start."""
     problems = []
     try:
-        found: Any = rd.client.config_get("maxmemory-policy")
+        found: Any = depot.client.config_get("maxmemory-policy")
     except redis.RedisError:
         return []  # CONFIG may be disabled (managed Redis): nothing to say
-    if is_cluster(rd.client) and found and all(isinstance(value, dict) for value in found.values()):
+    if is_cluster(depot.client) and found and all(isinstance(value, dict) for value in found.values()):
         found = next(iter(found.values()))  # one answer per node; they are configured alike
     policy = text(dict(found).get(b"maxmemory-policy") or dict(found).get("maxmemory-policy") or "noeviction")
     if policy.startswith("allkeys-"):
         problems.append(
-            f"Redis at {rd.settings.url} has maxmemory-policy {policy}: when it fills up it evicts keys, "
+            f"Redis at {depot.settings.url} has maxmemory-policy {policy}: when it fills up it evicts keys, "
             "and parked calls with them, silently. Set maxmemory-policy noeviction for the store"
         )
     elif policy.startswith("volatile-"):
         problems.append(
-            f"Redis at {rd.settings.url} has maxmemory-policy {policy}: when it fills up it may evict locks "
+            f"Redis at {depot.settings.url} has maxmemory-policy {policy}: when it fills up it may evict locks "
             "(they expire, so they are candidates); use noeviction to keep lock deferral exclusive"
         )
     return problems
 
 
-def config_problems(rd: RedisDelay) -> list[str]:
+def config_problems(depot: Depot) -> list[str]:
     """Settings that make the broker deliver calls we track a second time; logged loudly at start-up.
 
     kombu's Redis transport delivers a message again when it stays unacknowledged longer than the
     broker's ``visibility_timeout`` (one hour by default): a run longer than that under
     ``acks_late``, or a message waiting in a worker's prefetch buffer that long.
     """
-    with rd.app.connection_for_read() as connection:  # as kombu reaches the broker; nothing connects yet
+    with depot.app.connection_for_read() as connection:  # as kombu reaches the broker; nothing connects yet
         if not is_redis_transport(connection):
             return []
         options = connection.transport_options or {}
     broker_timeout = float(options.get("visibility_timeout", 3600))
     problems = []
     runs = {
-        task.name: task.visibility_timeout or rd.settings.visibility_timeout
-        for task in rd.app.tasks.values()
+        task.name: task.visibility_timeout or depot.settings.visibility_timeout
+        for task in depot.app.tasks.values()
         if isinstance(task, DelayedTask) and task.acks_late
     }
     too_long = sorted(name for name, run in runs.items() if run > broker_timeout)
@@ -70,23 +69,10 @@ def config_problems(rd: RedisDelay) -> list[str]:
             f"than the broker's visibility_timeout of {broker_timeout:.0f} s: the broker would deliver a running "
             "call again. Raise broker_transport_options['visibility_timeout'] above the longest run"
         )
-    if rd.settings.queue_timeout < broker_timeout:
+    if depot.settings.queue_timeout < broker_timeout:
         problems.append(
-            f"redisdelay_queue_timeout ({rd.settings.queue_timeout:.0f} s) is shorter than the broker's "
+            f"redisdelay_queue_timeout ({depot.settings.queue_timeout:.0f} s) is shorter than the broker's "
             f"visibility_timeout ({broker_timeout:.0f} s): a released call a worker prefetched can be delivered "
             "by the sweep and again by the broker. Leave redisdelay_queue_timeout unset (twice the broker's)"
         )
     return problems
-
-
-def check_protocol(conf: Any) -> None:
-    """Refuse Celery's task message protocol 1: its countdown cannot be taken out of the message.
-
-    Before the app is configured, ``conf`` is what was set so far (Celery's ``app._preconf``): reading
-    ``app.conf`` then would load the configuration before the user is done with it."""
-    protocol = conf.get("task_protocol") or 2
-    if protocol != 2:
-        raise ConfigurationError(
-            f"task_protocol = {protocol!r}: celery-redisdelay needs Celery's task message protocol 2 (the default); "
-            "remove the task_protocol setting"
-        )

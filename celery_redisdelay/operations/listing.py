@@ -22,7 +22,7 @@ from ..store.calls import server_ms as clock_of
 from .payloads import arguments_text, queue_of
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
+    from ..store.depot import Depot
 
 #: What the score of each state means.
 SCORE_MEANING = {"delayed": "due", "inflight": "deadline", "dead": "dead since"}
@@ -33,10 +33,10 @@ ORDERS = ("oldest", "newest")
 FILTER_CHUNK = 500
 
 
-def server_ms(rd: RedisDelay, store: CallStore | None = None) -> int:
+def server_ms(depot: Depot, store: CallStore | None = None) -> int:
     """The clock of the Redis server holding a shard (the first by default), in ms since the epoch: the
     clock the shard's scores were set by."""
-    store = store or rd.store
+    store = store or depot.store
     with redis_errors("read the Redis clock"):
         return clock_of(store.client, store.keys.delayed)
 
@@ -66,13 +66,13 @@ class Filter:
     def active(self) -> bool:
         return bool(self.task or self.queue or self.search)
 
-    def matches(self, rd: RedisDelay, entry: Entry) -> bool:
+    def matches(self, depot: Depot, entry: Entry) -> bool:
         if self.task and entry.meta.get("t") != self.task:
             return False
         if self.queue and entry.queue != self.queue:
             return False
         if self.search:
-            found = arguments_text(rd, entry.envelope)
+            found = arguments_text(depot, entry.envelope)
             return found is not None and self.search.casefold() in found.casefold()
         return True
 
@@ -86,7 +86,7 @@ class Filter:
 
 
 def parse_cursor(cursor: str | None, shards: int) -> list[int]:
-    """The per-shard offsets of a cursor (``"12.0.7"``, one per store of ``rd.shards.all()``); all zero
+    """The per-shard offsets of a cursor (``"12.0.7"``, one per store of ``depot.shards.all()``); all zero
     without one."""
     if not cursor:
         return [0] * shards
@@ -123,7 +123,7 @@ class Scanner:
 
     def __init__(
         self,
-        rd: RedisDelay,
+        depot: Depot,
         stores: list[CallStore],
         state: str,
         offsets: list[int],
@@ -132,7 +132,7 @@ class Scanner:
         chunk: int = 50,
         payloads: str = "unrouted",
     ) -> None:
-        self.rd, self.stores, self.state = rd, stores, state
+        self.depot, self.stores, self.state = depot, stores, state
         self.offsets = list(offsets)
         self.newest_first, self.chunk, self.payloads = newest_first, chunk, payloads
         self.reset()
@@ -177,7 +177,7 @@ class Scanner:
         entries, size = self.stores[shard].read(
             self.state, self.offsets[shard], self.chunk, newest_first=self.newest_first, payloads=self.payloads
         )
-        return [replace(entry, queue=queue_of(self.rd, entry.meta, entry.envelope)) for entry in entries], size
+        return [replace(entry, queue=queue_of(self.depot, entry.meta, entry.envelope)) for entry in entries], size
 
 
 @dataclass(frozen=True)
@@ -227,18 +227,18 @@ def entry_dict(entry: Entry, now_ms: int) -> dict[str, Any]:
 
 
 def scanner_for(
-    rd: RedisDelay, state: str, cursor: str | None, found: Filter, *, newest_first: bool, chunk: int
+    depot: Depot, state: str, cursor: str | None, found: Filter, *, newest_first: bool, chunk: int
 ) -> Scanner:
     """A scanner of ``state`` over every shard from ``cursor`` on, reading what ``found`` needs."""
-    stores = rd.shards.all()
+    stores = depot.shards.all()
     state_key(stores[0], state)
     offsets = parse_cursor(cursor, len(stores))
     payloads = "all" if found.search else "unrouted"
-    return Scanner(rd, stores, state, offsets, newest_first=newest_first, chunk=chunk, payloads=payloads)
+    return Scanner(depot, stores, state, offsets, newest_first=newest_first, chunk=chunk, payloads=payloads)
 
 
 def page(
-    rd: RedisDelay,
+    depot: Depot,
     state: str,
     *,
     limit: int = 50,
@@ -262,8 +262,8 @@ def page(
         raise RedisDelayError(f"limit and scan must be at least 1, not {limit} and {scan}")
     found = Filter(task or None, queue or None, search or None)
     chunk = max(limit, min(scan, FILTER_CHUNK)) if found.active else limit
-    scanner = scanner_for(rd, state, cursor, found, newest_first=newest_first, chunk=chunk)
-    now = server_ms(rd)
+    scanner = scanner_for(depot, state, cursor, found, newest_first=newest_first, chunk=chunk)
+    now = server_ms(depot)
     calls: list[Entry] = []
     scanned = 0
     while len(calls) < limit and (not found.active or scanned < scan):
@@ -271,7 +271,7 @@ def page(
         if step is None:
             break
         scanned += 1
-        if found.matches(rd, step[1]):
+        if found.matches(depot, step[1]):
             calls.append(replace(step[1], envelope=None))
     more = not scanner.exhausted
     return Page(

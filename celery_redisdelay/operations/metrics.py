@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..store.calls import redis_errors, text
-
-if TYPE_CHECKING:
-    from ..extension import RedisDelay
+from ..store.depot import Depot, HoldsDepot, depot_of
 
 #: Upper bounds of the release lateness buckets, in ms (release.lua's LATENESS_BOUNDS).
 LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
@@ -44,16 +42,16 @@ class Snapshot:
     lateness_sum_seconds: float = 0.0
 
 
-def snapshot(rd: RedisDelay) -> Snapshot:
+def snapshot(depot: Depot) -> Snapshot:
     """Read the state counts and the totals of every shard."""
     summed: dict[str, int] = {}
-    stores = rd.shards.all()
+    stores = depot.shards.all()
     with redis_errors("read the counters"):
         for store in stores:
-            for key, value in rd.client.hgetall(store.keys.counters).items():
+            for key, value in depot.client.hgetall(store.keys.counters).items():
                 name = text(key)
                 summed[name] = summed.get(name, 0) + int(value)
-    states = rd.stats()
+    states = depot.stats()
     cumulative, buckets = 0, []
     for bound in LATENESS_BOUNDS_MS:
         cumulative += summed.get(f"late_le_{bound}", 0)
@@ -68,10 +66,11 @@ def snapshot(rd: RedisDelay) -> Snapshot:
 
 
 class RedisDelayCollector:
-    """A ``prometheus_client`` collector: every scrape reads Redis (a few commands per shard)."""
+    """A ``prometheus_client`` collector: every scrape reads Redis (a few commands per shard). ``rd`` is
+    the app's extension (``RedisDelayCollector(rd)``) or its depot."""
 
-    def __init__(self, rd: RedisDelay, namespace: str = "redisdelay") -> None:
-        self.rd = rd
+    def __init__(self, rd: Depot | HoldsDepot, namespace: str = "redisdelay") -> None:
+        self.depot = depot_of(rd)
         self.namespace = namespace
 
     def describe(self) -> list[Any]:
@@ -81,7 +80,7 @@ class RedisDelayCollector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         ns = self.namespace
-        shot = snapshot(self.rd)
+        shot = snapshot(self.depot)
         calls = GaugeMetricFamily(f"{ns}_calls", "Calls stored, by state.", labels=["state"])
         for state in ("delayed", "inflight", "dead"):
             calls.add_metric([state], shot.states.get(state, 0))
@@ -105,13 +104,13 @@ class RedisDelayCollector:
         )
 
 
-def serve(rd: RedisDelay, port: int, address: str = "127.0.0.1") -> Any:
+def serve(depot: Depot, port: int, address: str = "127.0.0.1") -> Any:
     """Serve ``/metrics`` on ``address:port`` in a thread; returns the server (``shutdown()`` stops it)."""
     try:
         from prometheus_client import CollectorRegistry, start_http_server
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise RuntimeError("the exporter needs prometheus-client: pip install 'celery-redisdelay[prometheus]'") from exc
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RedisDelayCollector(rd))
+    registry.register(RedisDelayCollector(depot))
     server, _thread = start_http_server(port, addr=address, registry=registry)
     return server

@@ -14,7 +14,7 @@ from ..message.stored import BatchCall, decode_body, decode_stored, kind_of
 from ..store.meta import CallMeta
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
+    from ..store.depot import Depot
 
 PICKLE = "application/x-python-serialize"
 #: Header fields of a stored message worth showing to an operator.
@@ -33,7 +33,7 @@ SHOWN_HEADERS = (
 )
 
 
-def decode_payload(rd: RedisDelay, raw: bytes) -> dict[str, Any]:
+def decode_payload(depot: Depot, raw: bytes) -> dict[str, Any]:
     """A stored payload made readable: which format, where it goes, and its arguments.
 
     The formats: ``envelope`` (Celery's message as the kombu path stores it), ``broker message`` (the
@@ -62,7 +62,7 @@ def decode_payload(rd: RedisDelay, raw: bytes) -> dict[str, Any]:
         content_encoding=envelope.content_encoding,
         headers={name: envelope.headers[name] for name in SHOWN_HEADERS if envelope.headers.get(name) is not None},
     )
-    accepted = rd.accepted_content_types
+    accepted = depot.accepted_content_types
     if envelope.content_type == PICKLE and accepted is not None and PICKLE not in accepted:
         described["note"] = "(pickle; not decoded)"
         return described
@@ -86,19 +86,19 @@ def envelope_queue(envelope: Envelope) -> str:
     return envelope.queues[0] if envelope.queues else envelope.routing_key
 
 
-def queue_of_list(rd: RedisDelay, list_key: str) -> str:
+def queue_of_list(depot: Depot, list_key: str) -> str:
     """The queue whose broker list is ``list_key`` (kombu's ``global_keyprefix`` and priority suffix off)."""
-    layout = rd.broker_layout
+    layout = depot.broker_layout
     if layout.global_keyprefix and list_key.startswith(layout.global_keyprefix):
         list_key = list_key[len(layout.global_keyprefix) :]
     return list_key.split(layout.sep, 1)[0]
 
 
-def queue_of(rd: RedisDelay, meta: CallMeta, raw: bytes | None) -> str | None:
+def queue_of(depot: Depot, meta: CallMeta, raw: bytes | None) -> str | None:
     """The queue a stored call goes to: from the list its metadata names (a call stored as a broker
     message), else from its payload; None when neither says (no payload, undecodable)."""
     if isinstance(meta.get("l"), str) and meta["l"]:
-        return queue_of_list(rd, meta["l"])
+        return queue_of_list(depot, meta["l"])
     if raw is None:
         return None
     try:
@@ -106,19 +106,19 @@ def queue_of(rd: RedisDelay, meta: CallMeta, raw: bytes | None) -> str | None:
     except EnvelopeError:
         return None
     if isinstance(stored, BatchCall):
-        task = rd.app.tasks.get(stored.task)
+        task = depot.app.tasks.get(stored.task)
         options = getattr(task, "routing_options", {}) or {}
-        return str(options.get("queue") or rd.app.conf.task_default_queue)
+        return str(options.get("queue") or depot.app.conf.task_default_queue)
     return envelope_queue(stored)
 
 
-def arguments_text(rd: RedisDelay, raw: bytes | None) -> str | None:
+def arguments_text(depot: Depot, raw: bytes | None) -> str | None:
     """The call's arguments as the dashboard shows them, for the argument search: args then kwargs, each
     as JSON (``[42, "shipped"] {"amount": 6.0}``; ``repr`` where not JSON); None when they cannot be
     decoded (no payload, pickle not accepted, corrupt)."""
     if raw is None:
         return None
-    described = decode_payload(rd, raw)
+    described = decode_payload(depot, raw)
     if not described["decoded"]:
         return None
     return f"{as_json(described['args'])} {as_json(described['kwargs'])}"

@@ -14,15 +14,13 @@ import time
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
 from ..errors import Abandon, RedisDelayError
 from ..store.calls import text
-
-if TYPE_CHECKING:
-    from ..extension import RedisDelay
+from ..store.depot import Depot, HoldsDepot, depot_of
 
 CONSUMER_TASK = "redisdelay.validate_consumer"
 VALIDATE_TASK = "redisdelay.validate"
@@ -56,27 +54,28 @@ class ValidationReport:
         return {**asdict(self), "ok": self.ok}
 
 
-def register_validation_tasks(rd: RedisDelay) -> None:
-    """Register ``redisdelay.validate`` and its consumer on ``rd``'s app."""
+def register_validation_tasks(depot: Depot, delayed: Callable[..., Callable[[Callable[..., Any]], Any]]) -> None:
+    """Register ``redisdelay.validate`` and its consumer on ``depot``'s app; ``delayed`` is the decorator
+    of the app's delayed tasks (``rd.delayed``)."""
 
-    @rd.delayed(name=CONSUMER_TASK, bind=True, ignore_result=True, max_deliveries=CONSUMER_MAX_DELIVERIES)
+    @delayed(name=CONSUMER_TASK, bind=True, ignore_result=True, max_deliveries=CONSUMER_MAX_DELIVERIES)
     def consume(self: Any, run_id: str, number: int, fail_every: int) -> None:
-        consume_message(rd, run_id, number, fail_every)
+        consume_message(depot, run_id, number, fail_every)
 
-    @rd.app.task(name=VALIDATE_TASK, shared=False)  # type: ignore[untyped-decorator]
+    @depot.app.task(name=VALIDATE_TASK, shared=False)  # type: ignore[untyped-decorator]
     def validate(
         count: int = 1000, fail_every: int = 2, timeout: float = 5.0, deadline: float = 600.0
     ) -> dict[str, Any]:
         """Run a validation and return its report (needs a worker with a free slot for the consumer)."""
-        return run_validation(rd, count, fail_every=fail_every, timeout=timeout, deadline=deadline).as_dict()
+        return run_validation(depot, count, fail_every=fail_every, timeout=timeout, deadline=deadline).as_dict()
 
 
-def consume_message(rd: RedisDelay, run_id: str, number: int, fail_every: int) -> None:
+def consume_message(depot: Depot, run_id: str, number: int, fail_every: int) -> None:
     """One delivery of message ``number`` of validation ``run_id``: record it as processed, or fail every
     ``fail_every``-th delivery of the run on purpose (raising :class:`Abandon`, so it is delivered again).
     The consumer's body; other tasks of a chaos run record their messages with it too."""
     try:
-        consumed = rd.store.validate_consume(rd.keys.validation_keys(run_id), number, fail_every)
+        consumed = depot.store.validate_consume(depot.keys.validation_keys(run_id), number, fail_every)
     except redis.RedisError as exc:
         # The record may not have been written: a failure here would be acknowledged (Celery does not
         # retry it) and the message lost to the check. Leave it in flight; the sweep delivers it again.
@@ -91,7 +90,7 @@ def park_call(task: Any, args: tuple[Any, ...], options: dict[str, Any]) -> str:
 
 
 def run_validation(
-    rd: RedisDelay,
+    rd: Depot | HoldsDepot,
     count: int,
     *,
     fail_every: int = 2,
@@ -103,7 +102,8 @@ def run_validation(
 ) -> ValidationReport:
     """Park ``count`` messages for the consumer and wait (polling Redis) until all are done.
 
-    Workers and a tick (beat, or another releaser) must be running against the same app. ``park(task,
+    ``rd`` is the app's extension, or its depot. Workers and a tick (beat, or another releaser)
+    must be running against the same app. ``park(task,
     args, options)`` parks one message and returns its id (the chaos runner's records each park and
     retries the ones a failover did not confirm).
     """
@@ -111,9 +111,10 @@ def run_validation(
         raise RedisDelayError(f"count must be at least 1, not {count}")
     if fail_every == 1 or fail_every < 0:
         raise RedisDelayError(f"fail_every must be 0 (never fail) or at least 2, not {fail_every}")
+    depot = depot_of(rd)
     run_id = uuid.uuid4().hex[:12]
-    processed_key = rd.keys.validation_keys(run_id)[0]
-    consumer = rd.app.tasks[CONSUMER_TASK]
+    processed_key = depot.keys.validation_keys(run_id)[0]
+    consumer = depot.app.tasks[CONSUMER_TASK]
     # Calls released in bulk wait in the broker queue; give them longer than a run before sweeping.
     queue_timeout = queue_timeout if queue_timeout is not None else max(30.0, 6 * timeout)
     started = time.monotonic()
@@ -123,8 +124,8 @@ def run_validation(
     timed_out = True
     while time.monotonic() < give_up:
         try:
-            done = rd.client.hlen(processed_key)
-            finished = done >= count and not _pending(rd, ids)
+            done = depot.client.hlen(processed_key)
+            finished = done >= count and not _pending(depot, ids)
         except redis.RedisError as exc:
             # Redis restarting or failing over: the run goes on without us; look again.
             logger.warning("validation run %s: cannot read its progress (%s); retrying", run_id, exc)
@@ -139,21 +140,21 @@ def run_validation(
     elapsed = time.monotonic() - started
     dead = sum(
         score is not None
-        for store in rd.shards.all()
+        for store in depot.shards.all()
         for start in range(0, len(ids), 1000)
-        for score in rd.client.zmscore(store.keys.dead, ids[start : start + 1000])
+        for score in depot.client.zmscore(store.keys.dead, ids[start : start + 1000])
     )
-    return collect_report(rd, run_id, range(count), dead=dead, elapsed=elapsed, timed_out=timed_out)
+    return collect_report(depot, run_id, range(count), dead=dead, elapsed=elapsed, timed_out=timed_out)
 
 
 def collect_report(
-    rd: RedisDelay, run_id: str, numbers: Collection[int], *, dead: int, elapsed: float, timed_out: bool
+    depot: Depot, run_id: str, numbers: Collection[int], *, dead: int, elapsed: float, timed_out: bool
 ) -> ValidationReport:
     """The report of run ``run_id``, whose messages are ``numbers``, from its record in Redis (then deleted)."""
-    processed_key, counters_key = rd.keys.validation_keys(run_id)
-    times = {int(number): int(n) for number, n in rd.client.hgetall(processed_key).items()}
-    counters = {text(key): int(value) for key, value in rd.client.hgetall(counters_key).items()}
-    rd.client.delete(processed_key, counters_key)
+    processed_key, counters_key = depot.keys.validation_keys(run_id)
+    times = {int(number): int(n) for number, n in depot.client.hgetall(processed_key).items()}
+    counters = {text(key): int(value) for key, value in depot.client.hgetall(counters_key).items()}
+    depot.client.delete(processed_key, counters_key)
     return ValidationReport(
         run_id=run_id,
         expected=len(numbers),
@@ -168,12 +169,12 @@ def collect_report(
     )
 
 
-def _pending(rd: RedisDelay, ids: list[str], chunk: int = 1000) -> bool:
+def _pending(depot: Depot, ids: list[str], chunk: int = 1000) -> bool:
     """Whether any of the run's calls is still delayed or in flight."""
-    for store in rd.shards.all():
+    for store in depot.shards.all():
         for start in range(0, len(ids), chunk):
             part = ids[start : start + chunk]
-            pipe = rd.client.pipeline(transaction=False)
+            pipe = depot.client.pipeline(transaction=False)
             pipe.zmscore(store.keys.delayed, part)
             pipe.zmscore(store.keys.inflight, part)
             if any(score is not None for scores in pipe.execute() for score in scores):

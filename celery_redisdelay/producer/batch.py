@@ -9,37 +9,18 @@ dead letter); its stored payload is a stub that the releaser turns into the task
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from celery.result import AsyncResult
 from kombu.utils import json
 
 from ..errors import ConfigurationError, PayloadError, ScheduleError
-from ..message.envelope import EnvelopeError
-from ..message.stored import BatchCall
 from ..store.keys import group_id
 from .schedule import seconds
 from .task import DelayedTask
 
-if TYPE_CHECKING:
-    from celery import Celery
-
 #: The most items in one batch: one script moves a whole batch, and scripts stay bounded.
 LARGEST_BATCH = 10_000
-
-
-def publish_batch(app: Celery, producer: Any, call_id: str, batch: BatchCall) -> None:
-    """Publish a flushed batch as the call ``task(key, items)``, as Celery would, routed like the task's
-    other calls."""
-    task = app.tasks.get(batch.task)
-    if not isinstance(task, BatchedTask):
-        raise EnvelopeError(
-            f"batched task {batch.task!r} is not registered in this app; import its module in the worker that "
-            "runs the tick, then requeue the call"
-        )
-    task.redisdelay.celery_send_task(
-        batch.task, args=(batch.key, batch.items), task_id=call_id, producer=producer, **task.routing_options
-    )
 
 
 def check_batch_options(function: Any, options: dict[str, Any]) -> None:
@@ -77,9 +58,9 @@ class BatchedTask(DelayedTask):
                 f"cannot add {item!r} to a batch of {self.name}: it is not JSON-serializable ({exc}); "
                 "nothing was stored"
             ) from exc
-        self.redisdelay.check_size(f"an item of {self.name}", len(encoded.encode()))
+        self.depot.check_size(f"an item of {self.name}", len(encoded.encode()))
         group = group_id(self.name, key)
-        shards = self.redisdelay.shards
+        shards = self.depot.shards
         store = shards.for_name(group)
         released = store.batch_add(
             group,

@@ -18,7 +18,6 @@ from celery.result import AsyncResult
 
 from ..errors import PayloadError
 from ..message.envelope import Envelope
-from ..message.stored import encode_stored
 from ..store.calls import CallStore, due_args
 from ..store.meta import Limits, meta_json, routed
 from .templates import CallTemplate
@@ -40,13 +39,13 @@ def park_many(
     every = [tuple(args) for args in calls]
     if not every:
         return []
-    rd = task.redisdelay
+    depot = task.depot
     app = task._get_app()
-    one_by_one = task.lock is not None and rd.shards.count > 1  # each call goes beside its own lock
+    one_by_one = task.lock is not None and depot.shards.count > 1  # each call goes beside its own lock
     if app.conf.task_always_eager or options.get("compression") or one_by_one or any(k in options for k in KEYED):
         return [task.apply_async(args, kwargs, **options) for args in every]
     # Each chunk of calls goes to one shard (one script call), the chunks in turns from a random one.
-    stores = rd.shards.stores
+    stores = depot.shards.stores
     first_shard = random.randrange(len(stores))
 
     def store_of(index: int) -> CallStore:
@@ -54,11 +53,11 @@ def park_many(
 
     ids: list[str] = []
     for start in range(0, len(every), CHUNK):
-        ids.extend(rd.shards.new_ids(min(CHUNK, len(every) - start), store_of(start)))
+        ids.extend(depot.shards.new_ids(min(CHUNK, len(every) - start), store_of(start)))
     captured: list[tuple[Envelope, Due, Limits]] = []
     task.apply_async(every[0], kwargs, task_id=ids[0], _redisdelay_capture=captured, **options)
     [(envelope, due, limits)] = captured
-    first, fast = encode_stored(app, rd.broker_layout if rd.wire_format else None, envelope)
+    first, fast = depot.encode(envelope)
     template = CallTemplate.of(
         app,
         envelope,
@@ -70,7 +69,7 @@ def park_many(
     )
     if template is None:  # something a template cannot copy: each call through Celery
         return [task.apply_async(args, kwargs, **options) for args in every]
-    rd.check_size(envelope.task, len(first))
+    depot.check_size(envelope.task, len(first))
     meta = meta_json(routed(limits, fast.key) if fast else limits)
     # Every message is built before anything is written: a call that cannot be serialized stores nothing.
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
@@ -91,7 +90,7 @@ def park_many(
             stored = template.render(call_id, args, kwargs or {}, reply_to, kwargsrepr, body_rest)
         except PayloadError as exc:
             raise PayloadError(f"call {index} of park_many: {exc}; none of the calls was parked") from exc
-        rd.check_size(envelope.task, len(stored))
+        depot.check_size(envelope.task, len(stored))
         flat.extend((call_id, stored))
     when = due_args(due.countdown_ms, due.at_ms)
     for start in range(0, len(flat), 2 * CHUNK):

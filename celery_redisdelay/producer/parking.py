@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..message.envelope import Envelope
-from ..message.stored import encode_stored
 from ..store.meta import CallMeta, Limits, meta_json, routed
 from .kept import Kept, TemplateKey
 from .parking_producer import ParkingProducer
@@ -17,13 +16,15 @@ from .schedule import Due
 from .templates import CallTemplate
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
+    from ..store.depot import Depot
+    from .kept import TemplateCache
     from .task import DelayedTask
 
 
 @contextmanager
 def parking_producer(
-    rd: RedisDelay,
+    depot: Depot,
+    templates: TemplateCache,
     task_id: str,
     due: Due,
     meta: Limits,
@@ -37,7 +38,8 @@ def parking_producer(
 
     ``mode`` ``unique`` or ``debounce`` parks it under ``key`` (see :meth:`CallStore.park_keyed`);
     the producer's ``outcome`` then tells what the store did. With ``learn``, a template of the call
-    is kept under that key (see :mod:`celery_redisdelay.producer.templates`) for the calls like it; ``given``
+    is kept in ``templates`` under that key (see :mod:`celery_redisdelay.producer.templates`) for the calls like
+    it; ``given``
     are the caller's args and kwargs it is checked with.
     """
 
@@ -45,26 +47,26 @@ def parking_producer(
         if capture is not None:
             capture.append((envelope, due, meta))
             return 1, task_id
-        encoded, fast = encode_stored(rd.app, rd.broker_layout if rd.wire_format else None, envelope)
-        rd.check_size(envelope.task, len(encoded))
+        encoded, fast = depot.encode(envelope)
+        depot.check_size(envelope.task, len(encoded))
         # A broker message's metadata names the list the release script pushes it onto.
         stored_meta: Limits | CallMeta = routed(meta, fast.key) if fast else meta
-        status, _, holder = rd.shards.home(task_id).park_keyed(
+        status, _, holder = depot.shards.home(task_id).park_keyed(
             task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
         )
         if learn is not None:
             options = dict(learn.options)
             fixed = ("argsrepr" in options, "kwargsrepr" in options)
-            template = CallTemplate.of(rd.app, envelope, encoded, fast, given=given, fixed_reprs=fixed)
-            rd.templates.keep(learn, template, stored_meta)
+            template = CallTemplate.of(depot.app, envelope, encoded, fast, given=given, fixed_reprs=fixed)
+            templates.keep(learn, template, stored_meta)
         return status, holder
 
-    with rd.app.producer_or_acquire() as real:
-        yield ParkingProducer(real, task_id, park, rd.accepted_content_types)
+    with depot.app.producer_or_acquire() as real:
+        yield ParkingProducer(real, task_id, park, depot.accepted_content_types)
 
 
 def park_from(
-    rd: RedisDelay, kept: Kept, task: DelayedTask, call_id: str, args: Any, kwargs: Any, due: Due, mode: str, key: str
+    depot: Depot, kept: Kept, task: DelayedTask, call_id: str, args: Any, kwargs: Any, due: Due, mode: str, key: str
 ) -> tuple[int, str]:
     """Park a call rendered from a kept template, without Celery: (status, id), as the parking
     producer's ``outcome``. The arguments are checked as Celery checks them first."""
@@ -76,9 +78,9 @@ def park_from(
     if task.typing:
         task.__header__(*args, **kwargs)
     stored = kept.template.render(call_id, args, kwargs)
-    rd.check_size(kept.template.task, len(stored))
+    depot.check_size(kept.template.task, len(stored))
     meta = meta_json(kept.meta, key) if mode else kept.stored_meta
-    status, _, holder = rd.shards.home(call_id).park_keyed(
+    status, _, holder = depot.shards.home(call_id).park_keyed(
         call_id, stored, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
     )
     return status, holder

@@ -14,20 +14,13 @@ from typing import Any
 from kombu import Exchange, Queue
 from kombu.compression import compress
 from kombu.exceptions import EncodeError
-from kombu.serialization import dumps, prepare_accept_content
+from kombu.serialization import dumps
 
 from ..errors import PayloadError
 from ..message.envelope import Envelope
 
 # AMQP publish flags kombu takes as arguments and does not put in the message.
 _DROPPED_PROPERTIES = ("mandatory", "immediate")
-
-
-def accepted_content_types(accept_content: Any) -> frozenset[str] | None:
-    """The content types named by an ``accept_content`` setting (names or MIME types), or None for any."""
-    if not accept_content:
-        return None
-    return frozenset(prepare_accept_content(accept_content))
 
 
 class ParkingProducer:

@@ -19,11 +19,13 @@ from ..store.forks import cached_property
 from ..store.keys import group_id
 from ..store.meta import Limits
 from .kept import template_key
+from .locks import Lock
 from .parking import park_from, parking_producer
 from .schedule import lock_ms, resolve_due, seconds
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
+    from ..store.depot import Depot
+    from .kept import TemplateCache
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +104,8 @@ class _StandIn:
 class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     """A Celery task whose calls wait in Redis until they are due.
 
-    Class attributes (set them with ``@rd.delayed(...)``):
+    The extension makes the class a task derives from (``rd.Task``), with the ``depot`` its calls are parked
+    in and the ``templates`` kept for them. Class attributes (set them with ``@rd.delayed(...)``):
 
     - ``default_countdown``: seconds a call waits when ``apply_async`` gives neither countdown nor eta.
     - ``visibility_timeout``: seconds a started call may run before the sweep delivers it again
@@ -114,7 +117,8 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
       longest a deferred call waits before trying again (the holder's release wakes it sooner).
     """
 
-    redisdelay: ClassVar[RedisDelay]
+    depot: ClassVar[Depot]
+    templates: ClassVar[TemplateCache]
     default_countdown: ClassVar[float] = 0.0
     visibility_timeout: ClassVar[float | None] = None
     queue_timeout: ClassVar[float | None] = None
@@ -179,18 +183,18 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             timezone=app.conf.timezone if eta is not None else None,  # only an eta needs it
         )
 
-        rd = self.redisdelay
+        depot, templates = self.depot, self.templates
         # Calls like one Celery built before are rendered from its template (templates.py).
         via, named = built_by
         kept_key = template_key(self, via, {**options, **named}, limits) if capture is None else None
 
         def send(call_id: str) -> tuple[int, str]:
-            kept = rd.templates.get(kept_key)
+            kept = templates.get(kept_key)
             if kept is not None:
-                return park_from(rd, kept, self, call_id, args, kwargs, due, mode, key)
-            learn = kept_key if rd.templates.wanted(kept_key) else None
+                return park_from(depot, kept, self, call_id, args, kwargs, due, mode, key)
+            learn = kept_key if templates.wanted(kept_key) else None
             given = (args, kwargs) if learn is not None else None
-            with parking_producer(rd, call_id, due, limits, mode, key, capture, learn, given) as parking:
+            with parking_producer(depot, templates, call_id, due, limits, mode, key, capture, learn, given) as parking:
                 try:
                     build(call_id, parking, dict(options))
                 except OperationalError as exc:
@@ -201,7 +205,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                 return parking.outcome
 
         # A keyed call lives beside its key, a locked call beside its lock: both are one script then.
-        shards = self.redisdelay.shards
+        shards = depot.shards
         beside = key or lock_name
         store = shards.for_name(beside) if beside is not None else None
 
@@ -290,7 +294,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
 
     def _limits(self, overrides: dict[str, Any]) -> Limits:
         """The per-call limits stored with the call: deliveries and timeouts in ms."""
-        settings = self.redisdelay.settings
+        settings = self.depot.settings
         run = overrides["visibility_timeout"] or self.visibility_timeout or settings.visibility_timeout
         queue = overrides["queue_timeout"] or self.queue_timeout or settings.queue_timeout
         limit = overrides["max_deliveries"]
@@ -329,18 +333,18 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.lock is None:
             return super().__call__(*args, **kwargs)
-        rd = self.redisdelay
+        shards = self.depot.shards
         name = self.lock_name(args, kwargs)
         ttl = lock_ms(self.lock_timeout, "lock_timeout")
         request = self.request
         if request.id is None or request.is_eager or request.called_directly:
             # Outside a worker delivery there is nothing to defer: wait for the lock instead.
-            with rd.lock(name, timeout=self.lock_timeout):
+            with Lock(shards.for_name(name), name, timeout=self.lock_timeout):
                 return super().__call__(*args, **kwargs)
         token = uuid()
         retry_ms = lock_ms(self.lock_retry, "lock_retry")
         try:
-            store = rd.shards.for_name(name)
+            store = shards.for_name(name)
             status, _ = store.lock_take(name, token, ttl, request.id, retry_ms)
         except StoreUnavailableError as exc:
             raise Abandon(f"cannot take lock {name}: {exc}") from exc  # the sweep delivers it again
@@ -368,7 +372,7 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     def call_limits(self) -> Limits:
         """The task's own limits, as stored with a call that gives none of its own (worked out once for
         the task's attributes and settings as they stand)."""
-        settings = self.redisdelay.settings
+        settings = self.depot.settings
         stands = (self.visibility_timeout, self.queue_timeout, self.max_deliveries)
         known = self._own_limits
         if known is None or known[0] != stands or known[1] is not settings:
@@ -382,9 +386,9 @@ class DelayedTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         is no longer tracked (for example, it was already swept and dead-lettered).
         """
         if timeout is None:
-            timeout = self.visibility_timeout or self.redisdelay.settings.visibility_timeout
+            timeout = self.visibility_timeout or self.depot.settings.visibility_timeout
         call_id, timeout_ms = self.request.id, round(seconds(timeout, "timeout") * 1000)
-        return self.redisdelay.shards.first(call_id, lambda store: store.touch(call_id, timeout_ms))
+        return self.depot.shards.first(call_id, lambda store: store.touch(call_id, timeout_ms))
 
 
 def combined_base(ours: type[DelayedTask], given: Any) -> type[DelayedTask]:

@@ -19,18 +19,16 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import redis
-from celery import bootsteps
 
 from ..errors import RedisDelayError
 from ..store.calls import server_ms
 from ..store.connection import connect, is_cluster
-from .releaser import TickReport, broker_errors
+from .releaser import Releasers, TickReport, broker_errors
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
     from ..store.calls import CallStore
 
 logger = logging.getLogger(__name__)
@@ -46,22 +44,23 @@ class PreciseReleaser:
 
     def __init__(
         self,
-        rd: RedisDelay,
+        releasers: Releasers,
         longest_sleep: float = 1.0,
         retry_after: float = 0.5,
         store: CallStore | None = None,
         stopping: threading.Event | None = None,
     ) -> None:
-        self.rd = rd
-        self.store = store or rd.store
+        depot = releasers.depot
+        self.depot, self.releasers = depot, releasers
+        self.store = store or depot.store
         self.keys = self.store.keys
         self.longest_sleep = longest_sleep
         self.retry_after = retry_after
         self.stopping = stopping or threading.Event()
         # Its own connection: a blocked BZPOPMIN must not hold one the rest of the app needs.
-        self.client = connect(rd.settings)
+        self.client = connect(depot.settings)
         self.released = 0
-        with rd.app.producer_or_acquire() as producer:
+        with depot.app.producer_or_acquire() as producer:
             self.errors: tuple[type[BaseException], ...] = (
                 redis.RedisError,
                 RedisDelayError,
@@ -73,7 +72,7 @@ class PreciseReleaser:
         """Flush due batch groups and release every due call (bounded by the round budget)."""
         report = TickReport()
         deadline = time.monotonic() + ROUND_BUDGET_SECONDS
-        releaser = self.rd.releaser_for(self.store)
+        releaser = self.releasers.of(self.store)
         releaser.flush_batches(report, deadline)
         releaser.release(report, deadline)
         self.released += report.released
@@ -112,13 +111,13 @@ class PreciseReleaser:
 
     def run(self) -> None:
         """Release and sleep until stopped; errors are logged and retried, never fatal."""
-        sweep_every = self.rd.settings.tick_interval
+        sweep_every = self.depot.settings.tick_interval
         last_sweep = 0.0
         while not self.stopping.is_set():
             try:
                 if time.monotonic() - last_sweep >= sweep_every:
                     report = TickReport()
-                    self.rd.releaser_for(self.store).sweep(report, time.monotonic() + ROUND_BUDGET_SECONDS)
+                    self.releasers.of(self.store).sweep(report, time.monotonic() + ROUND_BUDGET_SECONDS)
                     last_sweep = time.monotonic()
                 self.release_due()
                 self.sleep()
@@ -131,17 +130,18 @@ class PreciseReleaser:
         which then looks again and sleeps on)."""
         self.stopping.set()
         with contextlib.suppress(redis.RedisError):  # else it wakes by itself within longest_sleep
-            self.rd.client.zadd(self.keys.wake, {f"stop:{id(self)}": 0})
+            self.depot.client.zadd(self.keys.wake, {f"stop:{id(self)}": 0})
 
 
 class PreciseReleasers:
     """One :class:`PreciseReleaser` per configured shard (or per shard of ``shards``, their indexes), each in
     its own thread; :meth:`run` blocks. Releasers that own a shard each do not compete for any."""
 
-    def __init__(self, rd: RedisDelay, longest_sleep: float = 1.0, shards: Sequence[int] | None = None) -> None:
+    def __init__(self, releasers: Releasers, longest_sleep: float = 1.0, shards: Sequence[int] | None = None) -> None:
         self.stopping = threading.Event()
         self.releasers = [
-            PreciseReleaser(rd, longest_sleep, store=store, stopping=self.stopping) for store in rd.shards.pick(shards)
+            PreciseReleaser(releasers, longest_sleep, store=store, stopping=self.stopping)
+            for store in releasers.depot.shards.pick(shards)
         ]
         self.longest_sleep = longest_sleep
 
@@ -161,29 +161,3 @@ class PreciseReleasers:
     def stop(self) -> None:
         for releaser in self.releasers:
             releaser.stop()
-
-
-class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
-    """Runs a :class:`PreciseReleaser` in a thread of each worker when ``redisdelay_precise_release`` is on."""
-
-    label = "redisdelay releaser"
-
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
-        super().__init__(worker, **kwargs)
-        self.releaser: PreciseReleasers | None = None
-        self.thread: threading.Thread | None = None
-
-    def start(self, worker: Any) -> None:
-        from ..extension import RedisDelay
-
-        rd = RedisDelay.of(worker.app)
-        if not rd.settings.precise_release:
-            return
-        self.releaser = PreciseReleasers(rd)
-        self.thread = threading.Thread(target=self.releaser.run, name="redisdelay-releaser", daemon=True)
-        self.thread.start()
-
-    def stop(self, worker: Any) -> None:
-        if self.releaser is not None and self.thread is not None:
-            self.releaser.stop()
-            self.thread.join(self.releaser.longest_sleep + 5)

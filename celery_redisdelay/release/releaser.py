@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +23,7 @@ from ..errors import RedisDelayError
 from ..message import wire
 from ..message.envelope import Envelope, EnvelopeError
 from ..message.stored import BatchCall, decode_stored
-from ..producer.batch import BatchedTask, publish_batch
+from ..producer.batch import BatchedTask
 from ..producer.task import DelayedTask
 from ..store.meta import CallMeta, Limits
 
@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
     from ..settings import Settings
     from ..store.calls import CallStore, Claimed
+    from ..store.depot import Depot
+
+#: ``app.send_task`` as Celery has it (not as the extension puts it over the app, parking delayed calls).
+SendTask = Callable[..., Any]
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +83,24 @@ def publish(app: Celery, producer: Any, envelope: Envelope) -> None:
     )
 
 
-def publish_call(app: Celery, producer: Any, call_id: str, payload: bytes) -> None:
-    """Publish one stored call: an envelope as it is, a flushed batch as the task's message."""
+def publish_batch(app: Celery, send_task: SendTask, producer: Any, call_id: str, batch: BatchCall) -> None:
+    """Publish a flushed batch as the call ``task(key, items)``, as Celery would, routed like the task's
+    other calls."""
+    task = app.tasks.get(batch.task)
+    if not isinstance(task, BatchedTask):
+        raise EnvelopeError(
+            f"batched task {batch.task!r} is not registered in this app; import its module in the worker that "
+            "runs the tick, then requeue the call"
+        )
+    send_task(batch.task, args=(batch.key, batch.items), task_id=call_id, producer=producer, **task.routing_options)
+
+
+def publish_call(app: Celery, send_task: SendTask, producer: Any, call_id: str, payload: bytes) -> None:
+    """Publish one stored call: an envelope as it is, a flushed batch as the task's message (through
+    ``send_task``, Celery's own)."""
     stored = decode_stored(payload)
     if isinstance(stored, BatchCall):
-        publish_batch(app, producer, call_id, stored)
+        publish_batch(app, send_task, producer, call_id, stored)
         return
     if stored.headers.get("id", call_id) != call_id:
         raise EnvelopeError(f"the stored message is call {stored.headers['id']}'s, not this call's")
@@ -104,7 +121,8 @@ def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:
 
 
 class Releaser:
-    """Moves due calls from the store to the broker."""
+    """Moves due calls from one shard's store to the broker. ``send_task`` is Celery's own (a flushed
+    batch is published through it)."""
 
     def __init__(
         self,
@@ -114,10 +132,12 @@ class Releaser:
         lists: list[str] | None = None,
         new_id: Callable[[], str] = uuid,
         in_script: bool = True,
+        send_task: SendTask | None = None,
     ) -> None:
         self.app = app
         self.store = store
         self.settings = settings
+        self.send_task: SendTask = send_task or app.send_task
         # The broker's queue lists stored messages may go to (None: every call goes through kombu);
         # ``in_script``: the release script pushes them itself (the broker is the store's server).
         self.lists = lists
@@ -205,7 +225,7 @@ class Releaser:
                 fatal = broker_errors(producer)
                 for call in through_kombu:
                     try:
-                        publish_call(self.app, producer, call.id, call.envelope)
+                        publish_call(self.app, self.send_task, producer, call.id, call.envelope)
                     except fatal:
                         raise
                     except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
@@ -256,6 +276,47 @@ class Releaser:
     def tick(self, budget: float = TICK_BUDGET_SECONDS) -> TickReport:
         """Sweep, flush due batch groups, then release, within ``budget`` seconds."""
         return tick_all([self], budget)
+
+
+class Releasers:
+    """A :class:`Releaser` for each shard of ``depot``, made once per shard (and again when the shards
+    change). ``send_task`` is Celery's own, for flushed batches."""
+
+    def __init__(self, depot: Depot, send_task: SendTask) -> None:
+        self.depot = depot
+        self.send_task = send_task
+        self._made: dict[str, Releaser] = {}
+
+    def of(self, store: CallStore) -> Releaser:
+        """The releaser of one shard."""
+        made = self._made.get(store.keys.tag)
+        if made is None or made.store is not store:
+            depot = self.depot
+            lists = depot.broker_layout.list_keys(depot.app) if depot.wire_format else None
+            made = Releaser(
+                depot.app,
+                store,
+                depot.settings,
+                lists,
+                new_id=lambda: depot.shards.new_id(store),
+                in_script=depot.fast_release,
+                send_task=self.send_task,
+            )
+            self._made[store.keys.tag] = made
+        return made
+
+    def every(self) -> list[Releaser]:
+        """A releaser for every shard, retired ones included."""
+        return [self.of(store) for store in self.depot.shards.all()]
+
+    def __iter__(self) -> Iterator[Releaser]:
+        return iter(self.every())
+
+    def tick(self, shards: Sequence[int] | None = None) -> TickReport:
+        """Sweep timed-out calls and release due ones (the body of the ``redisdelay.tick`` task): on every
+        shard, retired ones included, or on the configured shards of these indexes only."""
+        chosen = self.every() if shards is None else [self.of(store) for store in self.depot.shards.pick(shards)]
+        return tick_all(chosen)
 
 
 def tick_all(releasers: Sequence[Releaser], budget: float = TICK_BUDGET_SECONDS) -> TickReport:

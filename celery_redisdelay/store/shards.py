@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from ..errors import ConfigurationError, StoreUnavailableError
-from .calls import CallStore, redis_errors, text
+from .calls import LARGEST_STEP, CallStore, Entry, redis_errors, text
 from .keys import Keyspace
 
 T = TypeVar("T")
@@ -177,6 +177,10 @@ class ShardSet:
                 break
         return result
 
+    def find(self, call_id: str) -> Entry | None:
+        """Where a call is (delayed, inflight or dead) with its metadata, on whichever shard holds it."""
+        return self.first(call_id, lambda store: store.find(call_id))
+
     def total(self, parts: Sequence[dict[str, int]]) -> dict[str, int]:
         """Counts added up over shards."""
         summed: dict[str, int] = {}
@@ -184,3 +188,43 @@ class ShardSet:
             for key, value in part.items():
                 summed[key] = summed.get(key, 0) + value
         return summed
+
+
+#: One step on one shard: (ids done, ids found but refused).
+Step = Callable[[CallStore, list[str]], tuple[list[str], list[str]]]
+
+
+def chunks(ids: Sequence[str], size: int = LARGEST_STEP) -> list[list[str]]:
+    return [list(ids[start : start + size]) for start in range(0, len(ids), size)]
+
+
+def on_shards(shards: ShardSet, ids: Sequence[str], step: Step) -> tuple[list[str], list[str]]:
+    """Run ``step`` over ``ids``: on each call's home shard, then the ids it did not find there on the
+    other shards; every script call takes at most 1,000 ids. Returns (ids done, ids found but refused)."""
+    unique = list(dict.fromkeys(ids))
+    homes: dict[int, list[str]] = {}
+    stores = shards.all()
+    for call_id in unique:
+        homes.setdefault(stores.index(shards.home(call_id)), []).append(call_id)
+    done: list[str] = []
+    refused: list[str] = []
+    missing: dict[int, list[str]] = {}
+    for index, home_ids in homes.items():
+        for chunk in chunks(home_ids):
+            did, left = step(stores[index], chunk)
+            done += did
+            refused += left
+            seen = set(did) | set(left)
+            missing[index] = missing.get(index, []) + [call_id for call_id in chunk if call_id not in seen]
+    for index, lost in missing.items():
+        for other, store in enumerate(stores):
+            if other == index or not lost:
+                continue
+            found: set[str] = set()
+            for chunk in chunks(lost):
+                did, left = step(store, chunk)
+                done += did
+                refused += left
+                found |= set(did) | set(left)
+            lost = [call_id for call_id in lost if call_id not in found]
+    return done, refused

@@ -55,7 +55,7 @@ def _due(rd: RedisDelay, action: str) -> tuple[int | None, str]:
     except (ValueError, KeyError, ScheduleError) as exc:
         abort(400, f"A reschedule needs a delay (a number and a unit) or an eta: {exc}")
     assert due.countdown_ms is not None
-    return server_ms(rd) + due.countdown_ms, f"to {delay} {unit} from now"
+    return server_ms(rd.depot) + due.countdown_ms, f"to {delay} {unit} from now"
 
 
 @blueprint.post("/call/<call_id>/<action>")
@@ -66,7 +66,7 @@ def one(call_id: str, action: str) -> Response | str:
     due_ms, when = _due(rd, action)
     if action in CONFIRMED and not request.form.get("confirmed"):
         return _confirm(f"{action.capitalize()} call {call_id}?", url_for("views.call", call_id=call_id))
-    done, refused = act_on(rd, action, [call_id], due_ms)
+    done, refused = act_on(rd.depot, action, [call_id], due_ms)
     if done:
         flash(f"Call {call_id} {VERBS[action]} {when}".rstrip() + ".", "done")
     elif refused:
@@ -99,14 +99,14 @@ def many(state: str) -> Response | str:
         what = f"{len(ids):,} selected {state} calls" if scope == "selected" else _matching(rd, query)
         return _confirm(f"{action.replace('-', ' ').capitalize()} {what} {when}".rstrip() + "?", query.url())
     if scope == "selected":
-        done, refused = act_on(rd, action, ids, due_ms)
+        done, refused = act_on(rd.depot, action, ids, due_ms)
         skipped = len(ids) - len(done) - len(refused)
         message = f"{len(done):,} of {len(ids):,} selected calls {VERBS[action]}"
         message += f"; {skipped:,} had left the {state} set" if skipped else ""
         message += f"; {len(refused):,} have no payload and stay dead" if refused else ""
     else:
         report = act_on_matching(
-            rd,
+            rd.depot,
             action,
             query.filter,
             due_ms=due_ms,

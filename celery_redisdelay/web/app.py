@@ -80,7 +80,7 @@ def create_app(
     )
     # Made once here, not by the first requests at the same time in several threads.
     rd.shards.all()
-    _ = rd.broker_layout, rd.accepted_content_types
+    _ = rd.depot.broker_layout, rd.depot.accepted_content_types
     return app
 
 

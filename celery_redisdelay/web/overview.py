@@ -72,7 +72,7 @@ def due_histogram(rd: RedisDelay) -> dict[str, Any]:
     windows = [*hour, *day, (24 * HOUR_MS, None)]
     counts = [0] * (len(windows) + 1)  # the first: already due
     for store in rd.shards.all():
-        now = server_ms(rd, store)
+        now = server_ms(rd.depot, store)
         with redis_errors("count parked calls by due time"):
             pipe = store.client.pipeline(transaction=False)
             pipe.zcount(store.keys.delayed, "-inf", now)

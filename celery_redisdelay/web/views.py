@@ -37,7 +37,7 @@ def page_context(rd: RedisDelay, active: str, counts: dict[str, int] | None = No
 @blueprint.get("/")
 def overview_page() -> str:
     rd = dashboard().rd
-    status = admin.status(rd)
+    status = admin.status(rd.depot)
     counts = {state: status[state] for state in STATE_TITLES}
     return render_template(
         "overview.html",
@@ -56,7 +56,7 @@ def calls(state: str) -> str | Response:
     if set(request.args) != set(query.params()):
         return redirect(query.url())  # the filter form sends every field: keep only those that say something
     found = admin.page(
-        rd,
+        rd.depot,
         state,
         limit=query.limit,
         cursor=query.cursor or None,
@@ -84,7 +84,7 @@ def calls(state: str) -> str | Response:
 @blueprint.get("/call/<call_id>")
 def call(call_id: str) -> str:
     rd = dashboard().rd
-    found = admin.describe(rd, call_id)
+    found = admin.describe(rd.depot, call_id)
     if found is None:
         abort(404, f"No call {call_id} in the store: never parked, or finished, cancelled or purged since.")
     state = found["state"]

@@ -1,5 +1,8 @@
 """Ending a parked call unrun as Celery ends a revoked task: the result REVOKED, a ``task-revoked`` event.
 
+:func:`cancel_many` drops parked calls and records each so: ``rd.cancel``, the operator's cancel, and a
+worker that hears a ``revoke`` broadcast all go through it.
+
 A call that never reaches a worker (cancelled while parked, or dropped when a worker receives the
 ``revoke`` broadcast) is not discarded by any worker, so nothing would record it; these helpers do
 what a Celery worker does when it discards a revoked message (``Request._announce_revoked``): mark
@@ -9,17 +12,21 @@ belongs to counts it, and send the ``task-revoked`` event when task events are o
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from contextlib import nullcontext
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from celery.app.task import Context
 
+from ..errors import RedisDelayError
 from ..message.envelope import EnvelopeError
 from ..message.stored import BatchCall, decode_body, decode_stored
+from ..store.shards import on_shards
 
 if TYPE_CHECKING:
-    from ..extension import RedisDelay
+    from ..store.calls import CallStore, Cancelled
+    from ..store.depot import Depot
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +56,12 @@ def request_of(call_id: str, payload: bytes, accept: Any = None) -> Context:
 
 
 def announce_revoked(
-    rd: RedisDelay, call_id: str, payload: bytes, reason: str = "revoked", dispatcher: Any = None
+    depot: Depot, call_id: str, payload: bytes, reason: str = "revoked", dispatcher: Any = None
 ) -> None:
     """Record a parked call that was dropped unrun as Celery records a revoked task. ``dispatcher``: an
     event dispatcher to send ``task-revoked`` with (one for many calls), else the app's default one."""
-    app = rd.app
-    request = request_of(call_id, payload, rd.accepted_content_types)
+    app = depot.app
+    request = request_of(call_id, payload, depot.accepted_content_types)
     name = vars(request).get("task")
     task = app.tasks.get(name) if isinstance(name, str) else None
     # As a worker's Request: the message's ignore_result header, else the task's attribute.
@@ -65,5 +72,39 @@ def announce_revoked(
     backend = task.backend if task is not None else app.backend
     backend.mark_as_revoked(call_id, reason, request=request, store_result=store)
     if app.conf.worker_send_task_events and getattr(task, "send_events", True):
-        with nullcontext(dispatcher) if dispatcher is not None else app.events.default_dispatcher() as sender:
+        with (
+            contextlib.nullcontext(dispatcher) if dispatcher is not None else app.events.default_dispatcher() as sender
+        ):
             sender.send("task-revoked", uuid=call_id, terminated=False, signum=None, expired=False)
+
+
+def cancel_many(depot: Depot, task_ids: Sequence[str]) -> list[str]:
+    """Drop the calls among ``task_ids`` that are still parked, 1,000 per script call, and record each
+    as revoked (:func:`announce_revoked`); returns the ids cancelled (the others were not parked)."""
+    dropped: list[Cancelled] = []
+
+    def cancel(store: CallStore, ids: list[str]) -> tuple[list[str], list[str]]:
+        found = store.cancel_many(ids)
+        dropped.extend(found)
+        return [call.id for call in found], []
+
+    cancelled = on_shards(depot.shards, task_ids, cancel)[0]
+    app, failed = depot.app, []
+    with contextlib.ExitStack() as stack:
+        # One event dispatcher for the lot, where task-revoked events are sent at all.
+        dispatcher = None
+        if app.conf.worker_send_task_events and len(dropped) > 1:
+            with contextlib.suppress(Exception):  # then each call tries on its own, and says if it fails
+                dispatcher = stack.enter_context(app.events.default_dispatcher())
+        for call in dropped:
+            try:
+                announce_revoked(depot, call.id, call.payload, dispatcher=dispatcher)
+            except Exception as exc:  # noqa: BLE001 - every call is recorded that can be; then the error
+                logger.warning("redisdelay: cancelled %s but could not record it revoked: %r", call.id, exc)
+                failed.append(call.id)
+    if failed:
+        raise RedisDelayError(
+            f"{len(failed)} cancelled call(s) will not run, but their result could not be marked revoked "
+            f"(the result backend failed): {', '.join(failed[:10])}"
+        )
+    return cancelled

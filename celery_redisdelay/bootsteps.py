@@ -1,0 +1,88 @@
+"""The steps the extension adds to every worker of an app: a precise releaser thread, and durable revokes.
+
+``RedisDelay(app)`` adds them to ``app.steps["worker"]`` by name; each finds the app's extension when the
+worker starts and hands the layers below it what they need.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from celery import bootsteps
+from celery.utils.functional import maybe_list
+
+from .extension import RedisDelay
+from .release.precise import PreciseReleasers
+from .worker.tracking import drop_revoked
+
+logger = logging.getLogger(__name__)
+
+
+class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
+    """Runs a precise releaser (:mod:`celery_redisdelay.release.precise`) in a thread of each worker when
+    ``redisdelay_precise_release`` is on."""
+
+    label = "redisdelay releaser"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.releaser: PreciseReleasers | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, worker: Any) -> None:
+        rd = RedisDelay.of(worker.app)
+        if not rd.settings.precise_release:
+            return
+        self.releaser = PreciseReleasers(rd.releasers)
+        self.thread = threading.Thread(target=self.releaser.run, name="redisdelay-releaser", daemon=True)
+        self.thread.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.releaser is not None and self.thread is not None:
+            self.releaser.stop()
+            self.thread.join(self.releaser.longest_sleep + 5)
+
+
+def make_revokes_durable() -> None:
+    """Wrap the worker's ``revoke`` remote-control command (once per process): after Celery's own
+    handling, calls of an app with celery-redisdelay that are still parked are dropped for good (Celery
+    keeps revoked ids in worker memory only, for three hours, and a parked call may wait longer).
+
+    Celery looks its control commands up in the registry ``Panel.data`` when a broadcast arrives; the
+    wrapper stays there for the life of the worker process and defers to Celery's handler first.
+    """
+    from celery.worker.control import Panel
+
+    original = Panel.data["revoke"]
+    if getattr(original, "redisdelay_wrapped", False):
+        return
+
+    def revoke(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = original(state, task_id, *args, **kwargs)
+        rd = RedisDelay.registered(getattr(state, "app", None))
+        if rd is not None:
+            ids = [str(one) for one in maybe_list(task_id) or []]
+            try:
+                dropped = drop_revoked(rd.depot, ids)
+            except Exception as exc:  # noqa: BLE001 - the worker's revoke has happened; the release discards it
+                logger.warning("redisdelay: could not drop revoked calls %s from the delay set: %r", ids, exc)
+            else:
+                if dropped:
+                    logger.info("redisdelay: dropped %d revoked parked call(s): %s", dropped, ", ".join(ids))
+        return reply
+
+    revoke.redisdelay_wrapped = True  # type: ignore[attr-defined]
+    revoke.__doc__ = original.__doc__
+    Panel.data["revoke"] = revoke
+
+
+class DurableRevokeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
+    """A worker step that makes ``revoke`` durable for parked calls (see :func:`make_revokes_durable`)."""
+
+    label = "redisdelay revokes"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        make_revokes_durable()
