@@ -21,8 +21,9 @@ from .producer.batch import check_batch_options
 from .producer.kept import TemplateCache
 from .producer.locks import Lock
 from .producer.parking_producer import ParkingProducer
+from .producer.rules import check_lock_options
 from .producer.schedule import resolve_due
-from .producer.task import ROUTING_OPTIONS, DelayedTask, check_lock_options, combined_base
+from .producer.task import ROUTING_OPTIONS, DelayedTask, combined_base
 from .release.releaser import Releaser, Releasers, TickReport
 from .settings import Settings, positive_setting
 from .store.calls import LARGEST_STEP, CallStore, Entry

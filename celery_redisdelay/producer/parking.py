@@ -1,24 +1,34 @@
 """Parking a call: through Celery's ``send_task`` with a producer that parks instead of publishing, or,
-for a call like one parked before, rendered from its template without Celery.
+for a call like one parked before, rendered from its template without Celery. :func:`park_call` parks one
+call of a task by its rules (:mod:`celery_redisdelay.producer.rules`), with its unique or debounce key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
+
+from ..errors import RedisDelayError, ScheduleError, StoreUnavailableError
 from ..message.envelope import Envelope
+from ..store.calls import CONFLICT
 from ..store.meta import CallMeta, Limits, meta_json, routed
-from .kept import Kept, TemplateKey
+from .kept import Kept, TemplateKey, template_key
 from .parking_producer import ParkingProducer
-from .schedule import Due
+from .schedule import Due, resolve_due
 from .templates import CallTemplate
+
+# A debounced park that keeps losing the race for its key (each loss means another producer parked
+# or released a call under it in between) gives up after this many attempts.
+DEBOUNCE_ATTEMPTS = 8
 
 if TYPE_CHECKING:
     from ..store.depot import Depot
     from .kept import TemplateCache
-    from .task import DelayedTask
+    from .rules import CallRules
 
 
 @contextmanager
@@ -66,7 +76,7 @@ def parking_producer(
 
 
 def park_from(
-    depot: Depot, kept: Kept, task: DelayedTask, call_id: str, args: Any, kwargs: Any, due: Due, mode: str, key: str
+    depot: Depot, kept: Kept, task: Any, call_id: str, args: Any, kwargs: Any, due: Due, mode: str, key: str
 ) -> tuple[int, str]:
     """Park a call rendered from a kept template, without Celery: (status, id), as the parking
     producer's ``outcome``. The arguments are checked as Celery checks them first."""
@@ -84,3 +94,115 @@ def park_from(
         call_id, stored, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
     )
     return status, holder
+
+
+def park_call(
+    task: Any,
+    rules: CallRules,
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    options: dict[str, Any],
+    build: Callable[[str, Any, dict[str, Any]], None],
+    ignore_result: bool,
+    built_by: tuple[str, dict[str, Any]],
+) -> AsyncResult:
+    """Park a call of ``task`` by ``rules`` (a delayed task is its own rules): ``build(call_id, producer,
+    options)`` makes Celery build and publish its message through the parking producer (``apply_async`` and
+    ``app.send_task`` each pass their own). The result is marked ``ignored`` as Celery marks it (``get()``
+    then returns None at once).
+    ``built_by`` names the call behind ``build`` and the options it takes by name besides
+    ``options``: calls alike in all of it share a template."""
+    capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
+    limits, mode, key, lock_name = rules.call_options(args, kwargs, options)
+    app = task._get_app()
+    for name, value in rules.routing_options.items():
+        options.setdefault(name, value)
+    eta = options.pop("eta", None)
+    due = resolve_due(
+        options.pop("countdown", None),
+        eta,
+        default_countdown=rules.default_countdown,
+        timezone=app.conf.timezone if eta is not None else None,  # only an eta needs it
+    )
+
+    depot, templates = rules.depot, rules.templates
+    # Calls like one Celery built before are rendered from its template (templates.py).
+    via, named = built_by
+    kept_key = template_key(task, via, {**options, **named}, limits) if capture is None else None
+
+    def send(call_id: str) -> tuple[int, str]:
+        kept = templates.get(kept_key)
+        if kept is not None:
+            return park_from(depot, kept, task, call_id, args, kwargs, due, mode, key)
+        learn = kept_key if templates.wanted(kept_key) else None
+        given = (args, kwargs) if learn is not None else None
+        with parking_producer(depot, templates, call_id, due, limits, mode, key, capture, learn, given) as parking:
+            try:
+                build(call_id, parking, dict(options))
+            except OperationalError as exc:
+                # Celery's send_task wraps connection errors in kombu's; the caller should see ours.
+                if isinstance(exc.__cause__, StoreUnavailableError):
+                    raise exc.__cause__ from exc.__cause__.__cause__
+                raise
+            return parking.outcome
+
+    # A keyed call lives beside its key, a locked call beside its lock: both are one script then.
+    shards = depot.shards
+    beside = key or lock_name
+    store = shards.for_name(beside) if beside is not None else None
+
+    def fresh() -> str:
+        return shards.new_id(store)
+
+    if mode and task_id is not None and shards.home(task_id) is not shards.for_name(key):
+        raise ScheduleError(
+            f"task_id {task_id!r} cannot be given with {mode}_key when redisdelay_shards > 1: the call must be "
+            "stored on its key's shard, so celery-redisdelay chooses its id; nothing was stored"
+        )
+    if mode == "unique":
+        holder = shards.for_name(key).holder(key)
+        if holder is None:
+            holder = send(task_id or fresh())[1]
+        return _result(task, holder, ignore_result)
+    if mode == "debounce":
+        # The replacing call takes the id of the call it replaces, so its message is built with it.
+        candidate = shards.for_name(key).holder(key) or task_id or fresh()
+        for _ in range(DEBOUNCE_ATTEMPTS):
+            status, holder = send(candidate)
+            if status != CONFLICT:
+                return _result(task, holder, ignore_result)
+            candidate = holder or fresh()
+        raise RedisDelayError(
+            f"could not park {task.name} under debounce key {key!r}: other producers kept changing it "
+            f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
+        )
+    return _result(task, send(task_id or fresh())[1], ignore_result)
+
+
+def _result(task: Any, call_id: str, ignored: bool) -> AsyncResult:
+    result = task.AsyncResult(call_id)
+    result.ignored = ignored
+    return result
+
+
+def park_sent(task: Any, rules: CallRules, given: dict[str, Any], send_task: Callable[..., Any]) -> AsyncResult:
+    """Park a call made by name, ``app.send_task(task.name, ...)``, by ``rules``: ``given`` are the arguments
+    of that call as bound to ``send_task``'s signature, ``send_task`` is Celery's own."""
+    given = dict(given)
+    options = dict(given.pop("options", None) or {})
+    for ours in ("name", "producer", "publisher", "connection", "task_type"):
+        given.pop(ours, None)  # the parking producer replaces any producer or connection given
+    args, kwargs = given.pop("args", None), given.pop("kwargs", None)
+    task_id, result_cls = given.pop("task_id", None), given.pop("result_cls", None)
+    options.update(given)
+
+    def build(call_id: str, parking: Any, rest: dict[str, Any]) -> None:
+        send_task(task.name, args, kwargs, task_id=call_id, producer=parking, **rest)
+
+    ignore_result = bool(options.get("ignore_result"))
+    parked = park_call(task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}))
+    if result_cls is not None:
+        parked, ignored = result_cls(parked.id), parked.ignored
+        parked.ignored = ignored
+    return parked
