@@ -1,4 +1,5 @@
-"""The steps the extension adds to every worker of an app: a precise releaser thread, and durable revokes.
+"""The steps the extension adds to every worker of an app: a precise releaser thread, durable revokes, and
+parking the eta messages the worker receives.
 
 ``RedisDelay(app)`` adds them to ``app.steps["worker"]`` by name; each finds the app's extension when the
 worker starts and hands the layers below it what they need.
@@ -15,6 +16,7 @@ from celery.utils.functional import maybe_list
 
 from .extension import RedisDelay
 from .release.precise import PreciseReleasers
+from .worker.received import ReceivedParking
 from .worker.tracking import drop_revoked
 
 logger = logging.getLogger(__name__)
@@ -86,3 +88,18 @@ class DurableRevokeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         make_revokes_durable()
+
+
+class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
+    """With ``redisdelay_park_received`` (or ``redisdelay_all_tasks``), the worker parks the eta messages it
+    receives for the app's tasks instead of holding them (:mod:`celery_redisdelay.worker.received`). Set up
+    before the worker's consumer makes its message handlers."""
+
+    label = "redisdelay received etas"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        rd = RedisDelay.of(worker.app)
+        if rd.settings.park_received:
+            count = ReceivedParking(rd.depot, rd.rules_of).install(worker.app.tasks)
+            logger.info("redisdelay: eta messages of %d task(s) are parked when received", count)

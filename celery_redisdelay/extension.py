@@ -17,11 +17,13 @@ from .operations import checks
 from .operations.listing import Scanner
 from .operations.validation import register_validation_tasks
 from .producer import batch
+from .producer.adoption import AdoptedRules, adoptable, parks_later
 from .producer.batch import check_batch_options
 from .producer.kept import TemplateCache
 from .producer.locks import Lock
+from .producer.parking import park_sent
 from .producer.parking_producer import ParkingProducer
-from .producer.rules import check_lock_options
+from .producer.rules import CallRules, check_lock_options
 from .producer.schedule import resolve_due
 from .producer.task import ROUTING_OPTIONS, DelayedTask, combined_base
 from .release.releaser import Releaser, Releasers, TickReport
@@ -70,6 +72,7 @@ class RedisDelay:
         #: Templates of single calls by task and options (see :mod:`celery_redisdelay.producer.templates`).
         self.templates = TemplateCache()
         self._task_names: set[str] = set()  # the names of this extension's tasks
+        self._adopted: dict[str, AdoptedRules] = {}  # rules of the plain tasks redisdelay_all_tasks parks
         settings_module.check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
         # Calls by name (app.send_task) to a delayed task of this app are parked too; Celery's own
         # send_task stays here for publishing at once (a released batch).
@@ -88,6 +91,7 @@ class RedisDelay:
         # By name: the steps find this extension when a worker starts (celery_redisdelay.bootsteps).
         app.steps["worker"].add("celery_redisdelay.bootsteps:PreciseReleaseStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:DurableRevokeStep")
+        app.steps["worker"].add("celery_redisdelay.bootsteps:ParkReceivedStep")
         if app.configured:
             self._install_schedule(app.conf)
         app.on_after_configure.connect(self._on_configured, weak=False)
@@ -275,19 +279,45 @@ class RedisDelay:
 
     def send_task(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """``app.send_task`` of this app: a call by name to one of its delayed tasks is parked as
-        ``task.apply_async`` would park it (the message is still the one ``send_task`` builds); any
-        other call is Celery's own."""
-        task = self.app.tasks.get(name) if name in self._task_names else None
-        if (
-            not isinstance(task, DelayedTask)
-            or task.redisdelay is not self
-            or isinstance(kwargs.get("producer"), ParkingProducer)
-        ):
-            return self.celery_send_task(name, *args, **kwargs)  # not ours, or our own park going through Celery
+        ``task.apply_async`` would park it (the message is still the one ``send_task`` builds); with
+        ``redisdelay_all_tasks``, so is a call of a plain task of the app with a countdown or an eta in the
+        future (``apply_async``, signatures and retries all come here); any other call is Celery's own."""
+        if isinstance(kwargs.get("producer"), ParkingProducer):
+            return self.celery_send_task(name, *args, **kwargs)  # our own park going through Celery
+        explicit = name in self._task_names
+        waits = len(args) > 2 or kwargs.get("countdown") is not None or kwargs.get("eta") is not None
+        if not explicit and not (waits and self.app.conf.get("redisdelay_all_tasks")):
+            return self.celery_send_task(name, *args, **kwargs)
+        task = self.app.tasks.get(name)
         given = self._send_task_signature.bind(name, *args, **kwargs).arguments
         if isinstance(given.get("producer") or given.get("publisher"), ParkingProducer):
             return self.celery_send_task(name, *args, **kwargs)
-        return task.park_sent(given, self.celery_send_task)
+        if explicit and isinstance(task, DelayedTask) and task.depot is self.depot:
+            return park_sent(task, task, given, self.celery_send_task)
+        if (
+            adoptable(task)
+            and self.settings.all_tasks
+            and parks_later(given.get("countdown"), given.get("eta"), self.app.conf.timezone)
+        ):
+            return park_sent(task, self.adopted_rules(task), given, self.celery_send_task)
+        return self.celery_send_task(name, *args, **kwargs)
+
+    def rules_of(self, task: Any) -> CallRules | None:
+        """The rules ``task``'s calls are parked by: a delayed task of this extension is its own; a plain task
+        of the app has :class:`AdoptedRules` (used where ``redisdelay_all_tasks`` or
+        ``redisdelay_park_received`` is on); None for any other task (Celery's own, another app's)."""
+        if isinstance(task, DelayedTask):
+            return task if task.depot is self.depot else None
+        if adoptable(task) and getattr(task, "_app", None) is self.app:
+            return self.adopted_rules(task)
+        return None
+
+    def adopted_rules(self, task: Any) -> AdoptedRules:
+        """The rules a plain task's delayed calls are parked by (``redisdelay_all_tasks``)."""
+        rules = self._adopted.get(task.name)
+        if rules is None:
+            rules = self._adopted[task.name] = AdoptedRules(task, self.depot, self.templates)
+        return rules
 
     def check_size(self, what: str, size: int) -> None:
         """Refuse to store more than ``redisdelay_max_payload_bytes`` for one call (or batch item)."""

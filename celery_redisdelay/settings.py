@@ -34,6 +34,9 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_connection_options": None,
     "redisdelay_wait_replicas": 0,
     "redisdelay_wait_timeout": 1.0,
+    "redisdelay_all_tasks": False,
+    "redisdelay_park_received": None,
+    "redisdelay_park_received_after": 1.0,
 }
 
 
@@ -71,6 +74,12 @@ class Settings:
     #: Replicas that must confirm each park (Redis ``WAIT``) within ``wait_timeout`` seconds; 0: none.
     wait_replicas: int = 0
     wait_timeout: float = 1.0
+    #: Every task of the app parks its calls with a countdown or eta (not only ``@rd.delayed`` ones).
+    all_tasks: bool = False
+    #: A worker parks the eta messages it receives for the app's tasks (default: as ``all_tasks``) ...
+    park_received: bool = False
+    #: ... whose eta is more than this many seconds away (nearer ones it runs as Celery does).
+    park_received_after: float = 1.0
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -102,6 +111,19 @@ class Settings:
         prefix = conf.get("redisdelay_key_prefix") or DEFAULTS["redisdelay_key_prefix"]
         if not isinstance(prefix, str):
             raise ConfigurationError(f"redisdelay_key_prefix must be a string, not {prefix!r}")
+        all_tasks = bool(_optional_bool(conf, "redisdelay_all_tasks"))
+        park_received = _optional_bool(conf, "redisdelay_park_received")
+        park_received_after = conf.get("redisdelay_park_received_after")
+        if park_received_after is None:
+            park_received_after = DEFAULTS["redisdelay_park_received_after"]
+        if (
+            isinstance(park_received_after, bool)
+            or not isinstance(park_received_after, (int, float))
+            or not 0 <= park_received_after < math.inf
+        ):
+            raise ConfigurationError(
+                f"redisdelay_park_received_after must be a number of seconds >= 0, not {park_received_after!r}"
+            )
         queue_timeout = conf.get("redisdelay_queue_timeout")
         if queue_timeout is None:
             # Outlast the broker's own visibility timeout: kombu restores messages a dead worker had
@@ -127,13 +149,17 @@ class Settings:
             connection_options={**broker_options, **options},
             wait_replicas=wait_replicas,
             wait_timeout=float(positive_setting(conf, "redisdelay_wait_timeout")),
+            all_tasks=all_tasks,
+            park_received=all_tasks if park_received is None else park_received,
+            park_received_after=float(park_received_after),
         )
 
 
 def _optional_bool(conf: Mapping[str, Any], name: str) -> bool | None:
     value = conf.get(name)
     if value is not None and not isinstance(value, bool):
-        raise ConfigurationError(f"{name} must be True, False or None (automatic), not {value!r}")
+        automatic = " or None (automatic)" if DEFAULTS[name] is None else ""
+        raise ConfigurationError(f"{name} must be True or False{automatic}, not {value!r}")
     return value
 
 

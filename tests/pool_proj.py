@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery, signals
+from celery import Celery, shared_task, signals
 
 from celery_redisdelay import Abandon, RedisDelay
 from tests import topology_proj
@@ -41,6 +41,18 @@ class Notes:
         delivery = int(found.meta.get("d", 0)) if found is not None else 0
         note = {"id": request.id, "pid": os.getpid(), "delivery": delivery, **fields}
         self.client().rpush(key, json.dumps(note))
+
+
+#: Where each app's tasks note what they did (for the shared task, which runs in every app).
+NOTES: dict[Celery, Notes] = {}
+
+
+@shared_task(name="shared.record", bind=True)
+def shared_record(self: Any, key: str, value: Any = None) -> Any:
+    """A ``@shared_task``: note the call in its app's notes."""
+    app = self._get_app()
+    NOTES[app].add(RedisDelay.of(app), key, self.request, value=value)
+    return value
 
 
 def hold_the_store_lock_at_each_fork(rd: RedisDelay) -> None:
@@ -116,6 +128,40 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
             raise Abandon("the first delivery is abandoned on purpose")
         notes.add(rd, key, self.request, runs=runs)
         return runs
+
+    # Plain tasks: parked by redisdelay_all_tasks, or by the worker that receives their eta messages.
+    @app.task(name="plain.record", bind=True, shared=False)
+    def plain_record(self: Any, key: str, value: Any = None) -> Any:
+        notes.add(rd, key, self.request, value=value)
+        return value
+
+    @app.task(name="plain.retrying", bind=True, shared=False)
+    def plain_retrying(self: Any, key: str, countdown: float) -> int:
+        """Retry once with ``countdown``, then note the run."""
+        runs = int(notes.client().incr(f"{key}:runs"))
+        if runs == 1:
+            raise self.retry(countdown=countdown)
+        notes.add(rd, key, self.request, runs=runs)
+        return runs
+
+    @app.task(
+        name="plain.autoretry",
+        bind=True,
+        shared=False,
+        autoretry_for=(ValueError,),
+        retry_backoff=1,
+        retry_jitter=False,
+        max_retries=3,
+    )
+    def plain_autoretry(self: Any, key: str, failures: int) -> int:
+        """Fail ``failures`` times (Celery retries with a backoff), then note the run."""
+        runs = int(notes.client().incr(f"{key}:runs"))
+        if runs <= failures:
+            raise ValueError(f"failure {runs} of {failures}, on purpose")
+        notes.add(rd, key, self.request, runs=runs)
+        return runs
+
+    NOTES[app] = notes
 
     @rd.delayed(name="pools.locked", bind=True, lock="pools:{order}", lock_timeout=30, lock_retry=5)
     def locked(self: Any, key: str, order: int) -> None:

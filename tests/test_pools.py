@@ -2,86 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
-import redis
 
-from celery_redisdelay.testing import RedisServer, wait_for, worker
-from tests import pool_proj
+from celery_redisdelay.testing import RedisServer, wait_for
+from tests.pool_run import children_of, pool_worker
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-class PoolRun:
-    """A worker of ``tests.pool_proj`` with one pool, and the same app in the test process."""
-
-    def __init__(self, server: RedisServer, pool: str, concurrency: int, conf: dict[str, Any]) -> None:
-        self.prefix = f"pools-{uuid.uuid4().hex[:8]}"
-        self.conf = {
-            "broker_url": f"{server.url}/0",
-            "redisdelay_key_prefix": self.prefix,
-            "task_default_queue": f"{self.prefix}-queue",
-            "marks_url": f"{server.url}/2",
-            **conf,
-        }
-        self.env = {pool_proj.ENV: json.dumps(self.conf), "PYTHONPATH": str(ROOT)}
-        self.worker = worker("tests.pool_proj", pool=pool, concurrency=concurrency, env=self.env, cwd=str(ROOT))
-        self.app, self.rd = pool_proj.make_app(self.conf, name=f"pools-{self.prefix}")
-        self.marks = redis.Redis.from_url(f"{server.url}/2")
-
-    def task(self, name: str) -> Any:
-        """The test process's side of a task of ``tests.pool_proj``."""
-        return self.app.tasks[name]
-
-    def notes(self, key: str) -> list[dict[str, Any]]:
-        return [json.loads(raw) for raw in self.marks.lrange(key, 0, -1)]
-
-    def settled(self) -> bool:
-        stats = self.rd.stats()
-        return stats["delayed"] == 0 and stats["inflight"] == 0
-
-    def output(self) -> str:
-        return self.worker.output()[-6000:]
-
-    def close(self) -> None:
-        self.worker.stop()
-        self.app.close()
-        self.marks.close()
-
-
-@contextlib.contextmanager
-def pool_worker(server: RedisServer, pool: str, *, concurrency: int = 2, **conf: Any) -> Iterator[PoolRun]:
-    run = PoolRun(server, pool, concurrency, conf)
-    run.worker.start()
-    try:
-        wait_for(lambda: "ready." in run.worker.output(), 60, f"the {pool} worker to be ready")
-        yield run
-    except BaseException:
-        print(run.output())
-        raise
-    finally:
-        run.close()
-        run.worker.remove_files()
-
-
-def children_of(pid: int) -> set[int]:
-    """The live child processes of ``pid`` (its pool processes), from /proc."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-                if int(fields[1]) == pid:
-                    found.add(int(entry.name))
-    return found
 
 
 @pytest.mark.parametrize("hold_lock", [False, True], ids=["as-it-comes", "lock-held-at-each-fork"])

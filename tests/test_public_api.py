@@ -49,6 +49,8 @@ SETTINGS = {
     "url", "key_prefix", "tick_interval", "visibility_timeout", "queue_timeout", "claim_timeout", "max_deliveries",
     "release_batch", "fast_release", "precise_release", "max_payload_bytes", "shards", "cluster",
     "connection_options", "wait_replicas", "wait_timeout",
+    # added since: whole-app adoption
+    "all_tasks", "park_received", "park_received_after",
 }  # fmt: skip
 COMMANDS = {
     "cancel", "exporter", "list", "purge", "releaser", "requeue", "reschedule", "run-now", "show", "status",

@@ -172,7 +172,36 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_connection_options",
         "redisdelay_wait_replicas",
         "redisdelay_wait_timeout",
+        "redisdelay_all_tasks",
+        "redisdelay_park_received",
+        "redisdelay_park_received_after",
     }
+
+
+def test_park_received_follows_all_tasks_unless_set() -> None:
+    def read(**conf: object) -> tuple[bool, bool, float]:
+        settings = Settings.from_conf({"broker_url": BROKER, **conf})
+        return settings.all_tasks, settings.park_received, settings.park_received_after
+
+    assert read() == (False, False, 1.0)
+    assert read(redisdelay_all_tasks=True) == (True, True, 1.0)
+    assert read(redisdelay_all_tasks=True, redisdelay_park_received=False) == (True, False, 1.0)
+    assert read(redisdelay_park_received=True, redisdelay_park_received_after=0) == (False, True, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [
+        ("redisdelay_all_tasks", "yes"),
+        ("redisdelay_park_received", 1),
+        ("redisdelay_park_received_after", -1),
+        ("redisdelay_park_received_after", True),
+        ("redisdelay_park_received_after", float("nan")),
+    ],
+)
+def test_adoption_settings_are_checked(name: str, bad: object) -> None:
+    with pytest.raises(ConfigurationError, match=name):
+        Settings.from_conf({"broker_url": BROKER, name: bad})
 
 
 # -- refused values -----------------------------------------------------------------------------

@@ -104,7 +104,9 @@ class Template:
         # In the order kombu's Producer.publish and the Redis channel add them.
         mode = envelope.delivery_mode or PERSISTENT_DELIVERY_MODE
         properties["delivery_mode"] = _DELIVERY_MODES.get(mode, mode) if isinstance(mode, str) else mode
-        if expiration is not None:
+        if isinstance(expiration, str):
+            properties["expiration"] = expiration  # read back from a broker message: kombu's form already
+        elif expiration is not None:
             # As Celery computed it at the call: kombu's Redis transport keeps it as information only
             # (the worker goes by the message's absolute ``expires`` header).
             properties["expiration"] = str(int(expiration * 1000))

@@ -191,14 +191,18 @@ def park_sent(task: Any, rules: CallRules, given: dict[str, Any], send_task: Cal
     of that call as bound to ``send_task``'s signature, ``send_task`` is Celery's own."""
     given = dict(given)
     options = dict(given.pop("options", None) or {})
-    for ours in ("name", "producer", "publisher", "connection", "task_type"):
+    for ours in ("name", "producer", "publisher", "connection"):
         given.pop(ours, None)  # the parking producer replaces any producer or connection given
     args, kwargs = given.pop("args", None), given.pop("kwargs", None)
     task_id, result_cls = given.pop("task_id", None), given.pop("result_cls", None)
+    # Task.apply_async names its task (Celery's router and send_task may read it); it is the same for every
+    # call of the task, so it is no option of the call's template.
+    task_type = given.pop("task_type", None)
+    built_as = {"task_type": task_type} if task_type is not None else {}
     options.update(given)
 
     def build(call_id: str, parking: Any, rest: dict[str, Any]) -> None:
-        send_task(task.name, args, kwargs, task_id=call_id, producer=parking, **rest)
+        send_task(task.name, args, kwargs, task_id=call_id, producer=parking, **built_as, **rest)
 
     ignore_result = bool(options.get("ignore_result"))
     parked = park_call(task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}))

@@ -1,7 +1,7 @@
 """How a task's calls are parked: their limits, their unique or debounce key, the lock they hold, their
 routing. :class:`CallRules` holds these rules; a delayed task is its own rules (its class attributes, set with
-``@rd.delayed(...)``), and a plain task of an app with ``redisdelay_all_tasks`` gets :class:`AdoptedRules`: the
-settings' limits, no lock, Celery's routing.
+``@rd.delayed(...)``), and a plain task of an app with ``redisdelay_all_tasks`` gets the rules of
+:mod:`celery_redisdelay.producer.adoption`.
 """
 
 from __future__ import annotations
@@ -174,13 +174,3 @@ class CallRules:
         if known is None or known[0] != stands or known[1] is not settings:
             known = self._own_limits = (stands, settings, self._limits(dict(NO_OVERRIDES)))
         return Limits(**known[2])  # a copy: callers may add to it
-
-
-class AdoptedRules(CallRules):
-    """The rules of a plain task (``@app.task``, ``@shared_task``, a class-based task) whose app has
-    ``redisdelay_all_tasks`` on: the settings' limits (per call, ``apply_async`` may give its own), unique and
-    debounce keys as for a delayed task, no lock, and the routing Celery gives the call. Nothing is read from the
-    task's attributes, so a task class's own names cannot clash with these."""
-
-    def __init__(self, task: Any, depot: Depot, templates: TemplateCache) -> None:
-        self.name, self.depot, self.templates = task.name, depot, templates

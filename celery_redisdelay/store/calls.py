@@ -89,6 +89,16 @@ def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class BrokerCopy(NamedTuple):
+    """The broker's copy of a message the store adopts, where the broker is the store's Redis: ``where`` is
+    ``"list"`` (``keys``: the queue list; ``copy``: the message as it is in the list) or ``"unacked"``
+    (``keys``: kombu's unacked hash and its index; ``copy``: the delivery tag)."""
+
+    where: str
+    keys: tuple[str, ...]
+    copy: bytes | str
+
+
 class CallStore:
     """Python face of the Lua scripts; every method is one round trip."""
 
@@ -174,6 +184,16 @@ class CallStore:
             "park", [call_id, envelope, stored_meta, *when, mode, key], f"park call {call_id}", replicated=True
         )
         return int(status), int(due), text(holder)
+
+    def adopt(self, call_id: str, payload: bytes, meta: str, due_ms: int, broker_copy: BrokerCopy | None = None) -> int:
+        """Take a call that waited in the broker into the store, due at ``due_ms``, unless its id is known:
+        :data:`STORED`, :data:`KEPT` (known; nothing stored) or :data:`CONFLICT` (``broker_copy`` was gone).
+        ``broker_copy``, where the broker is this store's Redis: the copy removed in the same script."""
+        where, keys, copy = broker_copy or ("", (), b"")
+        status = self._run(
+            "adopt", [call_id, payload, meta, due_ms, where, copy], f"adopt call {call_id}", keys, replicated=True
+        )
+        return int(status)
 
     def park_many(self, flat: Sequence[Any], meta: str, when: tuple[str, int]) -> int:
         """Store calls given as (id, envelope, ...) with one stored metadata (:func:`meta_json`) and one due

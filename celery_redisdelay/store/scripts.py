@@ -38,6 +38,7 @@ STORE_SCRIPTS = (
     "purge_many",
     "reschedule_many",
     "requeue_many",
+    "adopt",
 )
 STANDALONE_SCRIPTS = ("validate_consume", "lock_extend")
 

@@ -20,6 +20,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.states import IGNORED, REJECTED, RETRY
 
 from ..errors import Abandon, Deferred, RedisDelayError
+from ..producer.adoption import adoptable
 from .revocation import cancel_many
 
 if TYPE_CHECKING:
@@ -60,24 +61,39 @@ def acknowledge(depot: Depot, task_id: str, outcome: str = "acked") -> None:
 
 
 def connect(depot: Depot) -> None:
-    """Connect the handlers of ``depot``'s calls; each ignores tasks that are not parked in ``depot``."""
+    """Connect the handlers of ``depot``'s calls; each ignores tasks whose calls are not parked in ``depot``:
+    its app's delayed tasks, and its plain tasks where ``redisdelay_all_tasks`` or ``redisdelay_park_received``
+    parks their delayed calls. Of a plain task only the runs of parked calls are tracked: a run whose start
+    finds nothing in the store (a call sent due now, as Celery sends it) is not acknowledged either."""
+    untracked: set[str] = set()  # runs of calls the store does not know, until they end
+
+    def ours(task: Any) -> bool:
+        if getattr(task, "depot", None) is depot:
+            return True
+        settings = depot.settings
+        return (settings.all_tasks or settings.park_received) and adoptable(task) and _app_of(task) is depot.app
 
     def owns(task: Any) -> bool:
-        return getattr(task, "depot", None) is depot and not getattr(task.request, "is_eager", False)
+        return ours(task) and not getattr(task.request, "is_eager", False)
 
     def on_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
         if task_id is None or not owns(sender):
             return
         try:
             timeout_ms = round(depot.settings.visibility_timeout * 1000)
-            depot.shards.first(task_id, lambda store: store.start(task_id, timeout_ms))
+            if not depot.shards.first(task_id, lambda store: store.start(task_id, timeout_ms)):
+                untracked.add(task_id)
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not mark call %s started: %s", task_id, exc)
 
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
     ) -> None:
-        if task_id is not None and state is not None and owns(sender) and finishes_call(state, retval):
+        if task_id is None or state is None or not owns(sender):
+            return
+        if task_id in untracked:
+            untracked.discard(task_id)
+        elif finishes_call(state, retval):
             acknowledge(depot, task_id)
 
     def on_failure(sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any) -> None:
@@ -92,7 +108,7 @@ def connect(depot: Depot) -> None:
         # A worker discarded the message unrun (revoked, or past its expires), or terminated its run;
         # Celery has marked the result REVOKED. Stop tracking the call, or the sweep would send it again.
         call_id = getattr(request, "id", None)
-        if call_id is not None and getattr(sender, "depot", None) is depot:
+        if call_id is not None and ours(sender):
             acknowledge(depot, call_id, "expired" if expired else "revoked")
 
     def on_unknown(sender: Any = None, name: str | None = None, id: str | None = None, **_: Any) -> None:
@@ -112,6 +128,13 @@ def connect(depot: Depot) -> None:
     signals.task_failure.connect(on_failure, weak=False)
     signals.task_revoked.connect(on_revoked, weak=False)
     signals.task_unknown.connect(on_unknown, weak=False)
+
+
+def _app_of(task: Any) -> Any:
+    try:
+        return task._get_app()
+    except Exception:  # noqa: BLE001 - an object that is no bound task belongs to no app of ours
+        return None
 
 
 def drop_revoked(depot: Depot, task_ids: list[str]) -> int:

@@ -1,0 +1,57 @@
+"""A task message as a worker received it, turned back into the envelope its producer's ``send_task`` built.
+
+A worker that parks an eta message it received (``redisdelay_park_received``) stores what a delayed task's
+``apply_async`` would have stored for the same call: the message minus its eta. Where the broker is a Redis
+this is exact: kombu's Redis transport keeps the message as it was pushed (``message._raw``), and
+:func:`~celery_redisdelay.message.wire.to_envelope` reads it as it reads a stored broker message. For
+another broker the envelope is made of the message's parts: its body, headers, the routing it came by and
+the properties a Celery producer sets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.utils import json
+
+from . import wire
+from .envelope import Envelope, EnvelopeError
+
+#: The AMQP properties Celery's ``send_task_message`` gives a task message (the rest belong to the transport).
+PUBLISHED_PROPERTIES = ("correlation_id", "reply_to", "priority")
+
+
+def received_eta(message: Any) -> str | None:
+    """The eta header of a task message in Celery's protocol 2, or None (no eta, or protocol 1, whose
+    body carries it: those stay with Celery)."""
+    headers = getattr(message, "headers", None) or {}
+    eta = headers.get("eta")
+    return eta if isinstance(eta, str) and "task" in headers and "id" in headers else None
+
+
+def envelope_of(message: Any) -> Envelope:
+    """The envelope of a received task message, its eta taken out (as a parked call's message has none)."""
+    raw = getattr(message, "_raw", None)
+    if isinstance(raw, dict) and isinstance(raw.get("properties"), dict) and "body" in raw:
+        # kombu's virtual transports (Redis) keep the message as it was pushed.
+        envelope = wire.to_envelope(json.dumps(raw).encode())
+    else:
+        info = message.delivery_info or {}
+        properties = message.properties or {}
+        exchange, routing_key = str(info.get("exchange") or ""), str(info.get("routing_key") or "")
+        envelope = Envelope(
+            task=str(message.headers.get("task", "?")),
+            body=bytes(message.body),
+            content_type=message.content_type,
+            content_encoding=message.content_encoding,
+            headers=dict(message.headers),
+            properties={name: properties[name] for name in PUBLISHED_PROPERTIES if name in properties},
+            exchange=exchange,
+            routing_key=routing_key,
+            queues=[routing_key] if exchange == "" else [],
+            delivery_mode=properties.get("delivery_mode"),
+        )
+    if not isinstance(envelope.headers, dict) or "eta" not in envelope.headers:
+        raise EnvelopeError("the received message has no eta header to take out")
+    envelope.headers["eta"] = None  # as Celery builds a message without a countdown or an eta
+    return envelope
