@@ -303,12 +303,15 @@ class RedisDelay:
         return self.celery_send_task(name, *args, **kwargs)
 
     def rules_of(self, task: Any) -> CallRules | None:
-        """The rules ``task``'s calls are parked by: a delayed task of this extension is its own; a plain task
-        of the app has :class:`AdoptedRules` (used where ``redisdelay_all_tasks`` or
-        ``redisdelay_park_received`` is on); None for any other task (Celery's own, another app's)."""
+        """The rules ``task``'s calls are parked by, if its calls may be parked: a delayed task of this
+        extension is its own; a plain task of the app has :class:`AdoptedRules` where ``redisdelay_all_tasks``
+        or ``redisdelay_park_received`` is on (its workers then track the runs of its parked calls); None for
+        any other task (Celery's own, another app's, one that opts out)."""
         if isinstance(task, DelayedTask):
             return task if task.depot is self.depot else None
-        if adoptable(task) and getattr(task, "_app", None) is self.app:
+        settings = self.settings
+        adopting = settings.all_tasks or settings.park_received
+        if adopting and adoptable(task) and getattr(task, "_app", None) is self.app:
             return self.adopted_rules(task)
         return None
 

@@ -1,5 +1,9 @@
 """The Celery app of the conformance suite: each task twice, as ``@app.task`` and as ``@rd.delayed``.
 
+With ``REDISDELAY_CONFORMANCE_MODE=all-tasks`` the app has ``redisdelay_all_tasks`` on, and the second variant of
+each task is a plain task the setting adopts (``@app.task``, or ``@shared_task`` for every other one), while
+the first opts out (``redisdelay_park=False``): the same suite then compares Celery with the whole-app mode.
+
 ``tests/test_conformance.py`` runs the same call on both and compares what a real worker did: which
 deliveries ran with which request, the result state and value, callbacks, events. The tasks record
 each run in Redis (database 2) under the call's id.
@@ -19,13 +23,16 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from celery import Celery
+from celery import Celery, shared_task
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 from kombu import Exchange, Queue
 
 from celery_redisdelay import RedisDelay
 
 URL = os.environ.get("REDISDELAY_TEST_URL", "redis://127.0.0.1:6379")
+MODE_ENV = "REDISDELAY_CONFORMANCE_MODE"
+MODE = os.environ.get(MODE_ENV, "delayed")  # or "all-tasks"
+ALL_TASKS = MODE == "all-tasks"
 PREFIX = "pfx:"
 QUEUES = ("conf", "conf.routed", "conf.bound")
 BOUND_EXCHANGE, BOUND_KEY = "conf.exchange", "conf.key"
@@ -45,6 +52,7 @@ app.conf.update(
     ],
     worker_prefetch_multiplier=1,
     worker_send_task_events=True,
+    redisdelay_all_tasks=ALL_TASKS,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     result_expires=600,
@@ -90,16 +98,28 @@ def observe(task: Any, **extra: Any) -> None:
     marks.rpush(f"runs:{r.id}", json.dumps(seen, default=str))
 
 
+_registered = [0]
+
+
 def both(**options: Any) -> Callable[[Callable[..., Any]], dict[str, Any]]:
-    """Register a function as ``plain.<name>`` (``@app.task``) and ``delayed.<name>`` (``@rd.delayed``),
-    with the same options; returns both tasks by variant."""
+    """Register a function as ``plain.<name>`` (``@app.task``) and ``delayed.<name>`` (``@rd.delayed``, or in
+    all-tasks mode a plain task the setting adopts), with the same options; returns both tasks by variant."""
 
     def register(function: Callable[..., Any]) -> dict[str, Any]:
         name = function.__name__
-        return {
-            "plain": app.task(name=f"plain.{name}", bind=True, **options)(function),
-            "delayed": rd.delayed(name=f"delayed.{name}", bind=True, **options)(function),
-        }
+        if not ALL_TASKS:
+            return {
+                "plain": app.task(name=f"plain.{name}", bind=True, **options)(function),
+                "delayed": rd.delayed(name=f"delayed.{name}", bind=True, **options)(function),
+            }
+        _registered[0] += 1
+        plain = app.task(name=f"plain.{name}", bind=True, shared=False, redisdelay_park=False, **options)(function)
+        if _registered[0] % 2:
+            shared_task(name=f"delayed.{name}", bind=True, **options)(function)
+            adopted = app.tasks[f"delayed.{name}"]
+        else:
+            adopted = app.task(name=f"delayed.{name}", bind=True, shared=False, **options)(function)
+        return {"plain": plain, "delayed": adopted}
 
     return register
 

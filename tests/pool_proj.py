@@ -39,7 +39,7 @@ class Notes:
     def add(self, rd: RedisDelay, key: str, request: Any, **fields: Any) -> None:
         found = rd.find(request.id) if request.id else None
         delivery = int(found.meta.get("d", 0)) if found is not None else 0
-        note = {"id": request.id, "pid": os.getpid(), "delivery": delivery, **fields}
+        note = {"id": request.id, "pid": os.getpid(), "delivery": delivery, "at_ms": time.time() * 1000, **fields}
         self.client().rpush(key, json.dumps(note))
 
 

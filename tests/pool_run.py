@@ -12,7 +12,7 @@ from typing import Any
 
 import redis
 
-from celery_redisdelay.testing import RedisServer, wait_for, worker
+from celery_redisdelay.testing import CeleryProcess, RedisServer, wait_for, worker
 from tests import pool_proj
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,9 +31,25 @@ class PoolRun:
             **conf,
         }
         self.env = {pool_proj.ENV: json.dumps(self.conf), "PYTHONPATH": str(ROOT)}
-        self.worker = worker("tests.pool_proj", pool=pool, concurrency=concurrency, env=self.env, cwd=str(ROOT))
+        self.pool, self.concurrency = pool, concurrency
+        self.worker = self.new_worker()
         self.app, self.rd = pool_proj.make_app(self.conf, name=f"pools-{self.prefix}")
         self.marks = redis.Redis.from_url(f"{server.url}/2")
+
+    def new_worker(self) -> CeleryProcess:
+        return worker("tests.pool_proj", pool=self.pool, concurrency=self.concurrency, env=self.env, cwd=str(ROOT))
+
+    def restart_after_kill(self) -> None:
+        """SIGKILL the worker and its pool processes, as a crash would, and start a new one."""
+        self.worker.kill()
+        self.worker.stop()
+        self.worker.remove_files()
+        self.worker = self.new_worker().start()
+        wait_for(lambda: "ready." in self.worker.output(), 60, f"the new {self.pool} worker to be ready")
+
+    def rss_bytes(self) -> int:
+        """The resident memory of the worker and its pool processes."""
+        return sum(rss_of(pid) for pid in {self.worker.pid} | children_of(self.worker.pid))
 
     def task(self, name: str) -> Any:
         """The test process's side of a task of ``tests.pool_proj``."""
@@ -68,6 +84,15 @@ def pool_worker(server: RedisServer, pool: str, *, concurrency: int = 2, **conf:
     finally:
         run.close()
         run.worker.remove_files()
+
+
+def rss_of(pid: int) -> int:
+    """A process's resident memory in bytes (0 when it is gone), from /proc."""
+    with contextlib.suppress(OSError):
+        for line in (Path("/proc") / str(pid) / "status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def children_of(pid: int) -> set[int]:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -335,3 +337,100 @@ def test_which_received_messages_are_parked(adopting: tuple[Celery, RedisDelay],
         revoked.discard(call.id)
     assert rd.rules_of(app.tasks["celery.backend_cleanup"]) is None
     assert rd.rules_of(plain_tasks(app)["kept_out"]) is None
+
+
+# -- redisdelay adopt: eta messages waiting in the queues ---------------------------------------------------------
+
+
+def adopt_command(rd: RedisDelay, *args: str) -> dict[str, Any]:
+    from click.testing import CliRunner
+
+    from celery_redisdelay.cli import redisdelay
+
+    result = CliRunner().invoke(redisdelay, ["adopt", *args, "--json"], obj=SimpleNamespace(app=rd.app))
+    assert result.exit_code == 0, result.output
+    loaded: dict[str, Any] = json.loads(result.stdout)
+    return loaded
+
+
+@pytest.mark.parametrize("store_apart", [False, True], ids=["store-is-broker", "store-apart"])
+def test_adopt_moves_the_eta_messages_waiting_in_the_queues(
+    make_app: MakeApp, redis_server: RedisServer, client: redis.Redis, queue: str, store_apart: bool
+) -> None:
+    conf: dict[str, Any] = {"redisdelay_all_tasks": True, "task_default_queue": queue}
+    if store_apart:
+        conf["redisdelay_url"] = f"{redis_server.url}/6"
+    app, rd = make_app(**conf)
+    assert rd.fast_release is not store_apart
+    plain_tasks(app)
+    alone = Celery("alone", broker=f"{redis_server.url}/0", set_as_current=False)
+    alone.conf.task_default_queue = queue
+    waiting = [alone.send_task("adopt.add", (n, n), countdown=600, priority=n % 2 * 5).id for n in range(7)]
+    left = [
+        alone.send_task("adopt.add", (1, 1)).id,  # no eta
+        alone.send_task("adopt.add", (1, 1), countdown=0.5).id,  # due too soon to be worth parking
+        alone.send_task("adopt.kept_out", (1,), countdown=600).id,  # opted out
+        alone.send_task("another.service.task", (1,), countdown=600).id,  # not the app's
+    ]
+    alone.close()
+
+    dry = adopt_command(rd, "--dry-run")
+    assert (dry["examined"], dry["adopted"], dry["dry_run"]) == (11, 7, True)
+    assert rd.stats()["delayed"] == 0 and len(broker_messages(client, queue)) == 11
+
+    done = adopt_command(rd)
+    assert (done["adopted"], done["known"], done["gone"], done["finished"]) == (7, 0, 0, True)
+    assert all(rd.find(call_id) is not None for call_id in waiting)
+    assert sorted(message["headers"]["id"] for message in broker_messages(client, queue)) == sorted(left)
+    assert adopt_command(rd)["adopted"] == 0, "nothing left to move"
+
+
+def test_adopt_needs_a_redis_broker(make_app: MakeApp, redis_server: RedisServer) -> None:
+    from click.testing import CliRunner
+
+    from celery_redisdelay.cli import redisdelay
+
+    _, rd = make_app(broker_url="memory://", redisdelay_url=f"{redis_server.url}/0")
+    result = CliRunner().invoke(redisdelay, ["adopt"], obj=SimpleNamespace(app=rd.app))
+    assert result.exit_code == 1
+    assert "adopt reads the queues of a Redis broker" in result.output
+
+
+@pytest.mark.e2e
+def test_ten_thousand_eta_messages_from_a_producer_without_the_extension(redis_server: RedisServer) -> None:
+    # A service without the extension sends 10,000 calls with countdowns of 10 to 30 s. The worker parks them as
+    # they arrive and holds nothing; it is SIGKILLed once half are parked, and a new one takes over. Every call
+    # runs once, after its eta: kombu gives back what the killed worker held unacknowledged (after the broker's
+    # visibility timeout, 15 s here), and the store takes each message once.
+    count = 10_000
+    with pool_worker(
+        redis_server,
+        "prefork",
+        redisdelay_all_tasks=True,
+        redisdelay_precise_release=True,
+        broker_transport_options={"visibility_timeout": 15},
+    ) as run:
+        alone = celery_alone(run)
+        key = f"{run.prefix}:many"
+        record = alone.signature("plain.record")
+        before = run.rss_bytes()
+        etas: dict[str, float] = {}
+        killed_at = count // 2
+        rss_at_kill = 0
+        for n in range(count):
+            countdown = 10 + n % 21
+            call = record.clone(args=(key, n)).apply_async(countdown=countdown)
+            etas[call.id] = time.time() * 1000 + countdown * 1000
+            if n == killed_at:
+                wait_for(lambda: run.rd.stats()["delayed"] >= killed_at, 60, f"{killed_at} calls to be parked")
+                rss_at_kill = run.rss_bytes()
+                run.restart_after_kill()
+        alone.close()
+        wait_for(lambda: run.marks.llen(key) >= count, 180, f"{count} runs")
+        wait_for(run.settled, 60, "every call to be acknowledged")
+        notes = run.notes(key)
+        assert len(notes) == count, "a call ran twice"
+        assert {note["id"] for note in notes} == set(etas), "a call was lost"
+        late = [note for note in notes if note["at_ms"] < etas[note["id"]] - 1000]
+        assert late == [], "a call ran before its eta"
+        assert rss_at_kill - before < 15 * 1024 * 1024, f"the worker grew by {(rss_at_kill - before) / 2**20:.1f} MB"

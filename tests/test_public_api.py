@@ -55,6 +55,8 @@ SETTINGS = {
 COMMANDS = {
     "cancel", "exporter", "list", "purge", "releaser", "requeue", "reschedule", "run-now", "show", "status",
     "validate", "web",
+    # added since: whole-app adoption
+    "adopt",
 }  # fmt: skip
 
 

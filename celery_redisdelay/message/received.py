@@ -21,12 +21,9 @@ from .envelope import Envelope, EnvelopeError
 PUBLISHED_PROPERTIES = ("correlation_id", "reply_to", "priority")
 
 
-def received_eta(message: Any) -> str | None:
-    """The eta header of a task message in Celery's protocol 2, or None (no eta, or protocol 1, whose
-    body carries it: those stay with Celery)."""
-    headers = getattr(message, "headers", None) or {}
-    eta = headers.get("eta")
-    return eta if isinstance(eta, str) and "task" in headers and "id" in headers else None
+def envelope_of_pushed(raw: bytes) -> Envelope:
+    """The envelope of a task message as kombu's Redis transport pushed it onto a queue list, its eta taken out."""
+    return _without_eta(wire.to_envelope(raw))
 
 
 def envelope_of(message: Any) -> Envelope:
@@ -34,24 +31,27 @@ def envelope_of(message: Any) -> Envelope:
     raw = getattr(message, "_raw", None)
     if isinstance(raw, dict) and isinstance(raw.get("properties"), dict) and "body" in raw:
         # kombu's virtual transports (Redis) keep the message as it was pushed.
-        envelope = wire.to_envelope(json.dumps(raw).encode())
-    else:
-        info = message.delivery_info or {}
-        properties = message.properties or {}
-        exchange, routing_key = str(info.get("exchange") or ""), str(info.get("routing_key") or "")
-        envelope = Envelope(
-            task=str(message.headers.get("task", "?")),
-            body=bytes(message.body),
-            content_type=message.content_type,
-            content_encoding=message.content_encoding,
-            headers=dict(message.headers),
-            properties={name: properties[name] for name in PUBLISHED_PROPERTIES if name in properties},
-            exchange=exchange,
-            routing_key=routing_key,
-            queues=[routing_key] if exchange == "" else [],
-            delivery_mode=properties.get("delivery_mode"),
-        )
-    if not isinstance(envelope.headers, dict) or "eta" not in envelope.headers:
-        raise EnvelopeError("the received message has no eta header to take out")
+        return envelope_of_pushed(json.dumps(raw).encode())
+    info = message.delivery_info or {}
+    properties = message.properties or {}
+    exchange, routing_key = str(info.get("exchange") or ""), str(info.get("routing_key") or "")
+    envelope = Envelope(
+        task=str(message.headers.get("task", "?")),
+        body=bytes(message.body),
+        content_type=message.content_type,
+        content_encoding=message.content_encoding,
+        headers=dict(message.headers),
+        properties={name: properties[name] for name in PUBLISHED_PROPERTIES if name in properties},
+        exchange=exchange,
+        routing_key=routing_key,
+        queues=[routing_key] if exchange == "" else [],
+        delivery_mode=properties.get("delivery_mode"),
+    )
+    return _without_eta(envelope)
+
+
+def _without_eta(envelope: Envelope) -> Envelope:
+    if "eta" not in envelope.headers:
+        raise EnvelopeError("the message has no eta header to take out")
     envelope.headers["eta"] = None  # as Celery builds a message without a countdown or an eta
     return envelope

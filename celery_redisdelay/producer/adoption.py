@@ -1,4 +1,6 @@
-"""``redisdelay_all_tasks``: the app's plain tasks park their delayed calls too, without being re-decorated.
+"""Adoption: delayed calls the app's tasks did not park themselves are parked all the same.
+
+``redisdelay_all_tasks``: the app's plain tasks park their delayed calls too, without being re-decorated.
 
 Every call of an app goes through ``app.send_task`` (``apply_async``, ``delay``, signatures, ``self.retry``,
 ``autoretry_for``), which the extension holds: with the setting on, a call of a plain task of the app
@@ -17,7 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 
+from ..errors import RedisDelayError
+from ..message.envelope import Envelope
+from ..store.calls import BrokerCopy
+from ..store.meta import meta_json, routed
 from .rules import CallRules
+from .schedule import resolve_due
 from .task import DelayedTask
 
 if TYPE_CHECKING:
@@ -65,3 +72,36 @@ def parks_later(countdown: object, eta: object, timezone: tzinfo | str | None) -
         return bool(maybe_make_aware(when, timezone).timestamp() > time.time())
     except (ValueError, TypeError, OverflowError):
         return False
+
+
+def waiting_due_ms(depot: Depot, headers: dict[str, Any]) -> int | None:
+    """When a waiting task message (its protocol 2 ``headers``) is due, if it is one to park: an eta more than
+    ``redisdelay_park_received_after`` seconds away, and no ``expires`` already past (Celery discards those)."""
+    eta = headers.get("eta")
+    if not isinstance(eta, str) or "task" not in headers or "id" not in headers:
+        return None  # no eta, or protocol 1 (whose body carries it): Celery's
+    timezone = depot.app.conf.timezone
+    try:
+        due = resolve_due(eta=eta, timezone=timezone).at_ms
+        expires = headers.get("expires")
+        if expires is not None and maybe_make_aware(maybe_iso8601(expires), timezone).timestamp() <= time.time():
+            return None
+    except (RedisDelayError, ValueError, TypeError, OverflowError):
+        return None  # Celery's handler says what is wrong with it
+    if due is None or due - time.time() * 1000 <= depot.settings.park_received_after * 1000:
+        return None
+    return due
+
+
+def park_waiting(
+    depot: Depot, rules: CallRules, envelope: Envelope, due_ms: int, broker_copy: BrokerCopy | None = None
+) -> int:
+    """Park a message that waited in the broker (its eta taken out: ``envelope``) as its call, due at ``due_ms``,
+    unless the store knows its id; ``broker_copy`` goes in the same script (see ``CallStore.adopt``). The
+    store's status: ``STORED``, ``KEPT`` (known) or ``CONFLICT`` (the broker's copy was gone)."""
+    payload, fast = depot.encode(envelope)
+    depot.check_size(envelope.task, len(payload))
+    limits = rules.call_limits()
+    meta = meta_json(routed(limits, fast.key) if fast else limits)
+    call_id = str(envelope.headers["id"])
+    return depot.shards.home(call_id).adopt(call_id, payload, meta, due_ms, broker_copy)

@@ -20,20 +20,17 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from celery.utils.imports import instantiate
-from celery.utils.time import maybe_iso8601, maybe_make_aware
 from celery.worker.state import revoked
 
 from ..errors import RedisDelayError
 from ..message.envelope import EnvelopeError
-from ..message.received import envelope_of, received_eta
-from ..producer.schedule import resolve_due
+from ..message.received import envelope_of
+from ..producer.adoption import park_waiting, waiting_due_ms
 from ..store.calls import CONFLICT, BrokerCopy
-from ..store.meta import meta_json, routed
 
 if TYPE_CHECKING:
     from ..producer.rules import CallRules
@@ -63,34 +60,16 @@ class ReceivedParking:
         return wrapped
 
     def due_ms(self, message: Any) -> int | None:
-        """When a received message is due, if it is one to park: an eta more than the threshold away, not
-        expired, not revoked in this worker."""
-        eta = received_eta(message)
-        if eta is None:
-            return None
-        timezone = self.depot.app.conf.timezone
-        try:
-            due = resolve_due(eta=eta, timezone=timezone).at_ms
-            expires = message.headers.get("expires")
-            if expires is not None and maybe_make_aware(maybe_iso8601(expires), timezone).timestamp() <= time.time():
-                return None  # Celery discards it, and marks it expired
-        except (RedisDelayError, ValueError, TypeError, OverflowError):
-            return None  # Celery's handler says what is wrong with it
-        if due is None or due - time.time() * 1000 <= self.depot.settings.park_received_after * 1000:
-            return None
-        return None if message.headers["id"] in revoked else due
+        """When a received message is due, if it is one to park (:func:`waiting_due_ms`) and this worker has
+        not heard it revoked."""
+        headers = getattr(message, "headers", None) or {}
+        due = waiting_due_ms(self.depot, headers)
+        return None if due is None or headers["id"] in revoked else due
 
     def take(self, message: Any, rules: CallRules, due_ms: int) -> int:
-        """Store a received message as its call, due at ``due_ms`` (unless the store knows its id); the
-        store's status (:data:`~celery_redisdelay.store.calls.STORED`, ``KEPT`` or ``CONFLICT``)."""
-        depot = self.depot
-        envelope = envelope_of(message)
-        payload, fast = depot.encode(envelope)
-        depot.check_size(envelope.task, len(payload))
-        limits = rules.call_limits()
-        meta = meta_json(routed(limits, fast.key) if fast else limits)
-        call_id = str(envelope.headers["id"])
-        return depot.shards.home(call_id).adopt(call_id, payload, meta, due_ms, self._broker_copy(message))
+        """Store a received message as its call, due at ``due_ms``, unless the store knows its id (see
+        :func:`~celery_redisdelay.producer.adoption.park_waiting`)."""
+        return park_waiting(self.depot, rules, envelope_of(message), due_ms, self._broker_copy(message))
 
     def _broker_copy(self, message: Any) -> BrokerCopy | None:
         """kombu's unacked entry of ``message``, where the broker is the store's Redis and kombu keeps one."""
