@@ -41,7 +41,10 @@ worker_memory
     RSS growth of a fresh ``--pool solo`` worker's process (VmRSS of the process that holds prefetched
     messages) when 50,000 [2,000] calls are parked with countdown=3600 for its queue, against a second
     fresh worker prefetching 50,000 [2,000] plain tasks sent with countdown=3600 (measured once its
-    queue is empty and its RSS stops growing). Target: ours < +5 MB.
+    queue is empty and its RSS stops growing). Target: ours < +5 MB. Then "worker_memory (N received eta
+    messages)": the same N plain tasks sent with countdown=3600 as Celery sends them (no parking at the
+    producer) to a third fresh solo worker with ``redisdelay_park_received=True``, which parks what it receives;
+    against the same plain worker's growth. Target: < +5 MB.
 lateness
     Due time to task start (Redis clock), p50 and p99 over 300 [100] calls due over 3 [2] s, with
     1,000 and 1,000,000 [20,000] calls parked in the background (scaled down, and reported, when the

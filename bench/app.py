@@ -8,6 +8,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
     ``redisdelay_tick_interval`` in seconds (default 1.0).
 ``REDISDELAY_BENCH_PRECISE``
     ``1`` sets ``redisdelay_precise_release=True`` (for the precise releaser, when the package has one).
+``REDISDELAY_BENCH_PARK_RECEIVED``
+    ``1`` sets ``redisdelay_park_received=True`` (a worker parks the eta messages it receives).
 
 The bench process builds further apps with :func:`build` (for example one with precise release on to
 park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
@@ -28,6 +30,7 @@ from celery_redisdelay import RedisDelay
 ENV_URL = "REDISDELAY_BENCH_URL"
 ENV_TICK = "REDISDELAY_BENCH_TICK"
 ENV_PRECISE = "REDISDELAY_BENCH_PRECISE"
+ENV_PARK_RECEIVED = "REDISDELAY_BENCH_PARK_RECEIVED"
 
 KEY_PREFIX = "bench"
 
@@ -43,6 +46,7 @@ MEMORY_QUEUE = "bench-memory"  # routing of the calls of redis_memory_per_call
 MEMORY_PLAIN_QUEUE = "bench-memory-plain"
 WORKER_OURS_QUEUE = "bench-mem-ours"  # the worker_memory workers
 WORKER_PLAIN_QUEUE = "bench-mem-plain"
+WORKER_RECEIVED_QUEUE = "bench-mem-received"  # Celery's eta messages, parked by the worker that receives them
 QUEUES = (
     DEFAULT_QUEUE,
     PARK_QUEUE,
@@ -53,6 +57,7 @@ QUEUES = (
     MEMORY_PLAIN_QUEUE,
     WORKER_OURS_QUEUE,
     WORKER_PLAIN_QUEUE,
+    WORKER_RECEIVED_QUEUE,
 )
 
 
@@ -83,6 +88,7 @@ def build(
     store_url: str | None = None,
     shards: int = 1,
     results: bool = False,
+    park_received: bool = False,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
@@ -106,6 +112,8 @@ def build(
     }
     if precise:
         conf["redisdelay_precise_release"] = True
+    if park_received:
+        conf["redisdelay_park_received"] = True
     app.conf.update(conf)
     rd = RedisDelay(app)
     marks = redis.Redis.from_url(f"{url}/0")
@@ -132,6 +140,7 @@ def from_environment() -> BenchApp:
         os.environ.get(ENV_URL, "redis://127.0.0.1:6379"),
         tick_interval=float(os.environ.get(ENV_TICK, "1.0")),
         precise=os.environ.get(ENV_PRECISE) == "1",
+        park_received=os.environ.get(ENV_PARK_RECEIVED) == "1",
         set_as_current=True,
     )
 

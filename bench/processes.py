@@ -13,7 +13,7 @@ from pathlib import Path
 from celery_redisdelay.testing import CeleryProcess, wait_for
 from celery_redisdelay.testing import beat as beat_process
 
-from .app import ENV_PRECISE, ENV_TICK, ENV_URL
+from .app import ENV_PARK_RECEIVED, ENV_PRECISE, ENV_TICK, ENV_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "bench.app"
@@ -56,11 +56,12 @@ class Processes:
         self.say = say
         self.running: list[CeleryProcess] = []
 
-    def env(self, *, tick_interval: float = 1.0, precise: bool = False) -> dict[str, str]:
+    def env(self, *, tick_interval: float = 1.0, precise: bool = False, park_received: bool = False) -> dict[str, str]:
         return {
             ENV_URL: self.url,
             ENV_TICK: str(tick_interval),
             ENV_PRECISE: "1" if precise else "0",
+            ENV_PARK_RECEIVED: "1" if park_received else "0",
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",  # their output reaches the log file as it is written
         }
@@ -82,6 +83,7 @@ class Processes:
         concurrency: int = 1,
         tick_interval: float = 1.0,
         precise: bool = False,
+        park_received: bool = False,
     ) -> CeleryProcess:
         """A worker, waited for until it is ready."""
         command = [
@@ -95,7 +97,9 @@ class Processes:
             "--without-mingle",
             "--without-heartbeat",
         ]
-        process = self._start(command, self.env(tick_interval=tick_interval, precise=precise))
+        process = self._start(
+            command, self.env(tick_interval=tick_interval, precise=precise, park_received=park_received)
+        )
         self.wait_ready(process)
         self.say(f"  worker {name} ready (pid {process.pid}, pool {pool}, queues {queues})")
         return process
