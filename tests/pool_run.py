@@ -58,6 +58,11 @@ class PoolRun:
     def notes(self, key: str) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.marks.lrange(key, 0, -1)]
 
+    def state(self, call_id: str) -> str | None:
+        """The state a call's metadata records (``delayed``, ``deferred``, ``running``...), None when unknown."""
+        found = self.rd.find(call_id)
+        return None if found is None else str(found.meta.get("s"))
+
     def settled(self) -> bool:
         stats = self.rd.stats()
         return stats["delayed"] == 0 and stats["inflight"] == 0

@@ -29,6 +29,13 @@ from .conftest import ROOT
 
 pytestmark = pytest.mark.e2e
 
+#: The worker's pool (``REDISDELAY_CONFORMANCE_POOL``; ``tests/test_conformance_pools.py`` runs the suite with others).
+POOL = os.environ.get("REDISDELAY_CONFORMANCE_POOL", "prefork")
+#: The tests of what only a pool of processes has: time limits, and a pool process that dies.
+prefork_only = pytest.mark.skipif(
+    POOL != "prefork", reason=f"Celery's {POOL} pool has no time limits or pool processes"
+)
+
 #: Record fields that differ between two runs by nature: when, and the ids in them.
 VOLATILE = ("at_ms",)
 TIMEOUT = 45
@@ -41,8 +48,9 @@ def conf(redis_server: Any) -> Iterator[Any]:
     from tests import conformance_app as module
 
     env = {"REDISDELAY_TEST_URL": redis_server.url, "PYTHONPATH": str(ROOT), module.MODE_ENV: module.MODE}
+    queues = ",".join(module.QUEUES)
     processes = [
-        worker("tests.conformance_app", concurrency=4, queues=",".join(module.QUEUES), env=env, cwd=str(ROOT)),
+        worker("tests.conformance_app", concurrency=4, pool=POOL, queues=queues, env=env, cwd=str(ROOT)),
         beat("tests.conformance_app", env=env, cwd=str(ROOT)),
     ]
     for process in processes:
@@ -332,6 +340,7 @@ def test_acks_late(conf: Any) -> None:
     untracked(conf, results["delayed"].id)
 
 
+@prefork_only
 def test_reject_on_worker_lost_runs_the_call_again(conf: Any) -> None:
     token = str(uuid.uuid4())
     results = launch(conf, "lost_then_requeued", lambda task: task.apply_async((token,), countdown=0.5))
@@ -340,6 +349,7 @@ def test_reject_on_worker_lost_runs_the_call_again(conf: Any) -> None:
     untracked(conf, results["delayed"].id)
 
 
+@prefork_only
 def test_a_lost_pool_process_fails_the_call_once(conf: Any) -> None:
     token = str(uuid.uuid4())
     results = launch(conf, "lost", lambda task: task.apply_async((token,), countdown=0.5))
@@ -350,12 +360,14 @@ def test_a_lost_pool_process_fails_the_call_once(conf: Any) -> None:
     assert {variant: ran(conf, r.id) for variant, r in results.items()} == {"plain": 1, "delayed": 1}
 
 
+@prefork_only
 def test_soft_time_limit(conf: Any) -> None:
     results = launch(conf, "soft_limited", lambda task: task.apply_async(countdown=0.5))
     assert {v: r.get(timeout=TIMEOUT) for v, r in results.items()} == {"plain": "soft limit", "delayed": "soft limit"}
     untracked(conf, results["delayed"].id)
 
 
+@prefork_only
 def test_hard_time_limit_fails_the_call_once(conf: Any) -> None:
     results = launch(conf, "hard_limited", lambda task: task.apply_async(countdown=0.5))
     for result in results.values():

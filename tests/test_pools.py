@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
-from celery_redisdelay.testing import RedisServer, wait_for
-from tests.pool_run import children_of, pool_worker
+from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, wait_for
+from tests.pool_run import ROOT, children_of, pool_worker
 
 pytestmark = pytest.mark.e2e
 
@@ -37,3 +40,80 @@ def test_prefork_replaces_pool_processes_while_the_precise_releaser_runs(
         assert all(note["delivery"] == 1 for note in notes)
         assert len({note["pid"] for note in notes}) >= calls // 2
         assert len(children_of(run.worker.pid)) <= 2
+
+
+#: Celery's pools, with a concurrency each runs at here.
+POOLS = [("prefork", 2), ("threads", 4), ("solo", 1), ("gevent", 10), ("eventlet", 10)]
+POOL_IDS = [pool for pool, _ in POOLS]
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), POOLS, ids=POOL_IDS)
+def test_every_feature_under_each_pool(redis_server: RedisServer, pool: str, concurrency: int) -> None:
+    # The precise releaser runs in the worker (a thread, or a greenlet under gevent and eventlet).
+    with pool_worker(redis_server, pool, concurrency=concurrency, redisdelay_precise_release=True) as run:
+        key = f"{run.prefix}:features"
+        tracked = run.task("pools.record").apply_async((key, "tracked"), countdown=0.3)
+        parent = run.task("pools.park_from_task").apply_async((key, 0.3))
+        touched = run.task("pools.touching").apply_async((key, 3.0))  # runs past its 2 s visibility timeout
+        abandoned = run.task("pools.abandon_once").apply_async((key,))  # the sweep brings it back after 1 s
+        revoked = run.task("pools.record").apply_async((key, "revoked"), countdown=30)
+        run.app.control.revoke(revoked.id)
+        with run.rd.lock("pools:7", timeout=30):
+            locked = run.task("pools.locked").apply_async((key, 7))
+            wait_for(lambda: run.state(locked.id) == "deferred", 30, "the locked call to be deferred")
+        wait_for(lambda: run.rd.find(revoked.id) is None, 30, "the worker to drop the revoked call for good")
+        wait_for(lambda: len(run.notes(key)) >= 6, 60, "six runs")
+        wait_for(run.settled, 30, "every call to be acknowledged")
+        notes = run.notes(key)
+        by_id = {note["id"]: note for note in notes}
+        child = by_id[parent.id]["parked"]
+        assert set(by_id) == {tracked.id, parent.id, child, touched.id, abandoned.id, locked.id}
+        assert len(notes) == 6, "no call ran twice"
+        assert by_id[tracked.id]["delivery"] == by_id[child]["delivery"] == by_id[touched.id]["delivery"] == 1
+        assert by_id[abandoned.id]["delivery"] == 2, "abandoned once, delivered again"
+        assert run.rd.stats()["dead"] == 0
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), POOLS, ids=POOL_IDS)
+def test_release_by_beat_and_by_the_releaser_process_under_each_pool(
+    redis_server: RedisServer, pool: str, concurrency: int
+) -> None:
+    with pool_worker(redis_server, pool, concurrency=concurrency) as run:
+        for name, process in (
+            ("beat", beat("tests.pool_proj", env=run.env, cwd=str(ROOT))),
+            ("releaser", CeleryProcess("tests.pool_proj", ["redisdelay", "releaser"], run.env, str(ROOT))),
+        ):
+            key = f"{run.prefix}:{name}"
+            with process:
+                ids = {run.task("pools.record").apply_async((key, n), countdown=0.5).id for n in range(20)}
+                wait_for(lambda key=key: run.marks.llen(key) >= 20, 60, f"20 calls released by {name}")
+                wait_for(run.settled, 30, "every call to be acknowledged")
+            notes = run.notes(key)
+            assert {note["id"] for note in notes} == ids and len(notes) == 20
+            process.remove_files()
+
+
+def test_prefork_replaces_children_over_their_memory_limit_and_those_killed(redis_server: RedisServer) -> None:
+    # worker_max_memory_per_child of 1 KiB: every pool process is over it after a task and is replaced.
+    with pool_worker(redis_server, "prefork", redisdelay_precise_release=True, worker_max_memory_per_child=1) as run:
+        key = f"{run.prefix}:memory"
+        ids = {run.task("pools.record").apply_async((key, n), countdown=n * 0.02).id for n in range(30)}
+        wait_for(lambda: run.marks.llen(key) >= 30, 60, "30 calls, each in a new pool process")
+        notes = run.notes(key)
+        assert {note["id"] for note in notes} == ids and len(notes) == 30
+        assert len({note["pid"] for note in notes}) >= 10
+
+        # A pool process killed mid-run: Celery records WorkerLostError and the call is finished as Celery
+        # sees it (not delivered again); the processes that replace it run the next calls.
+        killed = f"{run.prefix}:killed"
+        running = run.task("pools.touching").apply_async((killed, 30.0))
+        wait_for(lambda: run.state(running.id) == "running", 30, "the long call to start")
+        for child in children_of(run.worker.pid):
+            os.kill(child, signal.SIGKILL)
+        wait_for(lambda: run.rd.find(running.id) is None, 30, "the lost call to be finished")
+        after = f"{run.prefix}:after"
+        later = {run.task("pools.record").apply_async((after, n), countdown=0.2).id for n in range(5)}
+        wait_for(lambda: run.marks.llen(after) >= 5, 60, "the replacements to run the next calls")
+        wait_for(run.settled, 30, "every call to be acknowledged")
+        assert {note["id"] for note in run.notes(after)} == later
+        assert run.notes(killed) == [], "the killed run is not delivered again"

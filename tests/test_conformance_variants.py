@@ -1,0 +1,38 @@
+"""The conformance suite (``tests/test_conformance.py``, on prefork with ``@rd.delayed``) in its other variants:
+
+* ``all-tasks``: ``redisdelay_all_tasks`` on, each task's second variant a plain ``@app.task`` or
+  ``@shared_task`` that the setting adopts, compared with the same task left to Celery;
+* the worker on Celery's ``threads`` and ``gevent`` pools (the tests of what only prefork has, time limits and a
+  pool process that dies, skip, saying so).
+
+The app is built when ``tests/conformance_app.py`` is imported, so each variant runs the suite in a pytest
+process of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.e2e
+
+VARIANTS = {
+    "all-tasks": {"REDISDELAY_CONFORMANCE_MODE": "all-tasks"},
+    "threads": {"REDISDELAY_CONFORMANCE_POOL": "threads"},
+    "gevent": {"REDISDELAY_CONFORMANCE_POOL": "gevent"},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_conformance_suite(variant: str) -> None:
+    env = {**os.environ, **VARIANTS[variant], "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/test_conformance.py"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert done.returncode == 0, f"{done.stdout[-12000:]}\n{done.stderr[-3000:]}"
+    assert " passed" in summary and "failed" not in summary, summary
