@@ -33,6 +33,12 @@ drawn from a seeded RNG, spread over the run (``chaos/faults.py``):
 * ``--broker-kills`` / ``--broker-restarts`` (with ``--broker-apart``): the same for the broker's Redis;
 * ``--client-kills``: ``CLIENT KILL TYPE normal`` on the store's Redis: every client connection is dropped.
 
+``--precise-in-worker`` runs the precise releaser in a thread of each worker too, and
+``--max-tasks-per-child N`` has each worker replace (fork anew) a pool process after every N tasks: the
+workers fork while the releaser thread runs scripts, as production workers do. A watch samples every
+worker's pool processes through the run (``chaos/hung.py``); one blocked on a lock for good is a hung
+process, counted in the report beside lost and duplicated calls.
+
 The runner's own parks retry what Redis refused (``chaos/run.py``); the workers, beat and releaser run
 the package as it is. A process that exits on its own (Celery 5.7 workers can die with "Unrecoverable
 error: AttributeError ... 'hostname'" when the broker connection breaks) is started again, as systemd
@@ -42,7 +48,8 @@ At the end it prints the report (expected, processed, missing, duplicates with a
 the calls each SIGKILL of Redis cost, how long each fault kept its calls from running; for a soak the
 memory of every process and what Redis holds before and after) and writes it as JSON. It stops
 everything it started, by PID. Exit status 0 if and only if nothing is missing but what a SIGKILL of
-Redis may lose within Redis's own bound, nothing was dead-lettered, and (soak) no key leaked. The logs
+Redis may lose within Redis's own bound, nothing was dead-lettered, no pool process hung, and (soak) no key
+leaked. The logs
 of every process are kept when the run fails or with ``--keep-logs``; otherwise they are deleted.
 """
 
@@ -118,6 +125,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     redis_side.add_argument("--appendfsync", choices=("everysec", "always"), default="everysec")
     redis_side.add_argument("--shards", type=int, default=1, help="redisdelay_shards of the app (1)")
+    workers = parser.add_argument_group("the workers")
+    workers.add_argument(
+        "--precise-in-worker", action="store_true", help="the workers run the precise releaser in a thread too"
+    )
+    workers.add_argument(
+        "--max-tasks-per-child",
+        type=int,
+        default=0,
+        help="replace each pool process after this many tasks, forking a new one (0: never)",
+    )
     soak = parser.add_argument_group("the soak")
     soak.add_argument("--soak", type=float, default=None, metavar="MINUTES", help="park for this long, then drain")
     soak.add_argument("--rate", type=float, default=20.0, help="calls parked a second in all (20)")
@@ -146,6 +163,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.count < 1:
         parser.error("--count must be at least 1")
+    if args.max_tasks_per_child < 0:
+        parser.error("--max-tasks-per-child must not be negative")
     if args.soak is not None and (args.soak <= 0 or args.rate <= 0 or args.max_countdown < 0):
         parser.error("--soak and --rate must be positive, --max-countdown not negative")
     if args.fail_every == 1 or args.fail_every < 0:
@@ -207,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
             error = traceback.format_exc()
             say(f"the run failed:\n{error}")
         assert run.cluster is not None
+        run.check_hung()  # before the workers stop: a hung pool process is still there to be seen
         run.cluster.close()
         data = assemble(run, rd, outcome, error)
     finally:

@@ -13,6 +13,10 @@ Configured from the environment, which ``python -m chaos`` sets for every proces
     ``redisdelay_wait_replicas`` (0 by default).
 ``REDISDELAY_CHAOS_SHARDS``
     ``redisdelay_shards`` (1 by default).
+``REDISDELAY_CHAOS_PRECISE_IN_WORKER``
+    ``1``: the workers run the precise releaser in a thread too (``redisdelay_precise_release``).
+``REDISDELAY_CHAOS_MAX_TASKS_PER_CHILD``
+    ``worker_max_tasks_per_child``: each pool process is replaced after this many tasks (0: never).
 ``REDISDELAY_CHAOS_EVENTS``
     A directory: each worker process appends one JSON line per start and end of a run of the
     validation consumer (and of the soak's locked and batched tasks) to ``events-<pid>.jsonl`` there
@@ -46,6 +50,8 @@ from .config import (
     ENV_BROKER_URL,
     ENV_EVENTS,
     ENV_MASTER_NAME,
+    ENV_MAX_TASKS_PER_CHILD,
+    ENV_PRECISE_IN_WORKER,
     ENV_SHARDS,
     ENV_URL,
     ENV_WAIT_REPLICAS,
@@ -88,6 +94,8 @@ app.conf.update(
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,  # keep reconnecting across Redis restarts
+    redisdelay_precise_release=os.environ.get(ENV_PRECISE_IN_WORKER) == "1",
+    worker_max_tasks_per_child=int(os.environ.get(ENV_MAX_TASKS_PER_CHILD) or 0) or None,
 )
 if STORE_URL:  # else the store follows the sentinel:// broker
     app.conf.redisdelay_url = STORE_URL

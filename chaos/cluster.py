@@ -215,6 +215,11 @@ class Cluster:
             member.log = None
         member.process.remove_files()
 
+    def workers(self) -> list[tuple[str, int]]:
+        """The running workers: (name, main pid)."""
+        with self._lock:
+            return [(member.name, member.pid) for (role, _), member in self.current.items() if role == "worker"]
+
     def close(self) -> None:
         """Start nothing more, and stop every process still running (SIGTERM, then SIGKILL)."""
         self._closing.set()

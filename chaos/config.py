@@ -15,6 +15,10 @@ ENV_MASTER_NAME = "REDISDELAY_CHAOS_MASTER_NAME"
 ENV_WAIT_REPLICAS = "REDISDELAY_CHAOS_WAIT_REPLICAS"
 ENV_EVENTS = "REDISDELAY_CHAOS_EVENTS"
 ENV_SHARDS = "REDISDELAY_CHAOS_SHARDS"
+#: ``1``: the workers run the precise releaser in a thread (``redisdelay_precise_release``).
+ENV_PRECISE_IN_WORKER = "REDISDELAY_CHAOS_PRECISE_IN_WORKER"
+#: ``worker_max_tasks_per_child`` of the workers (0: none): their pool processes are replaced, forked anew.
+ENV_MAX_TASKS_PER_CHILD = "REDISDELAY_CHAOS_MAX_TASKS_PER_CHILD"
 
 KEY_PREFIX = "chaos"
 QUEUE = "chaos"

@@ -51,6 +51,8 @@ def settings(run: Run) -> dict[str, Any]:
         "deadline": args.deadline,
         "workers": WORKERS,
         "worker_options": "-O fair, prefetch multiplier 1, concurrency 2",
+        "precise_in_worker": args.precise_in_worker,
+        "max_tasks_per_child": args.max_tasks_per_child,
         "tick_interval": TICK_INTERVAL,
         "claim_timeout": CLAIM_TIMEOUT,
         "broker_visibility_timeout": BROKER_VISIBILITY_TIMEOUT,
@@ -244,6 +246,7 @@ def assemble(run: Run, rd: RedisDelay, outcome: dict[str, Any], error: str | Non
     data["faults"] = {"list": [fault.as_dict() for fault in run.faults]}
     data["fault_errors"] = run.injector.failure if run.injector is not None else None
     data["processes"] = processes(run)
+    data["hung_processes"] = run.hung
     data["unplanned_exits"] = [
         {**record, "at": round(record["wall"] - run.started_wall, 2) if run.started_wall else None}
         for record in (run.cluster.exits if run.cluster is not None else [])
@@ -271,6 +274,8 @@ def verdict(
         problems.append(f"{lost['lost_beyond_bound']} acknowledged calls lost beyond Redis's bound")
     if result.get("dead"):
         problems.append(f"{result['dead']} calls dead-lettered")
+    if run.hung:
+        problems.append(f"{len(run.hung)} pool processes hung (blocked on a lock for good)")
     if soak is not None:
         if soak["leaked_keys"]:
             problems.append(f"{len(soak['leaked_keys'])} keys left over after the drain")

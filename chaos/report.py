@@ -18,6 +18,11 @@ def _mib(kib: int) -> str:
     return f"{kib / 1024:.1f}"
 
 
+def _hung(rows: list[dict[str, Any]]) -> str:
+    """The hung pool processes: how many, and whose."""
+    return f"{len(rows)}" + "".join(f", pid {row['pid']} of {row['worker']}" for row in rows[:5])
+
+
 def _summary(data: dict[str, Any]) -> list[str]:
     result = data.get("result") or {}
     settings = data["settings"]
@@ -33,6 +38,7 @@ def _summary(data: dict[str, Any]) -> list[str]:
             f"{lost.get('bound_s', '?')} s before it), {lost.get('missing_other', '?')} for any other reason",
         ),
         ("duplicates", f"{len(result.get('duplicates', []))} {_ids(result.get('duplicates', []))}"),
+        ("hung processes", _hung(data.get("hung_processes") or [])),
         ("dead-lettered", f"{result.get('dead', '?')}"),
         ("deliveries", f"{result.get('deliveries', '?')}"),
         ("failures", f"{result.get('failures', '?')} (on purpose: fail_every={settings.get('fail_every', 2)})"),

@@ -30,7 +30,7 @@ from celery_redisdelay.settings import SENTINEL_SCHEMES, Settings
 from celery_redisdelay.store.connection import connect
 
 from .cluster import Cluster
-from .config import ENV_SHARDS, ENV_WAIT_REPLICAS, QUEUE
+from .config import ENV_MAX_TASKS_PER_CHILD, ENV_PRECISE_IN_WORKER, ENV_SHARDS, ENV_WAIT_REPLICAS, QUEUE
 from .faults import (
     BEAT_KILL,
     BROKER_KILL,
@@ -44,6 +44,7 @@ from .faults import (
     Injector,
     Progress,
 )
+from .hung import HungWatch
 from .ledger import CALL, FSYNC_BOUND_SECONDS, ITEM, LOCKED, Entry, Ledger, exposure
 from .topology import Sentinels, Standalone, Topology
 
@@ -160,6 +161,8 @@ class Run:
         self.run_id: str | None = None
         self.rd: RedisDelay | None = None
         self._broker: redis.Redis | None = None
+        self.hung_watch: HungWatch | None = None
+        self.hung: list[dict[str, Any]] = []  # pool processes blocked on a lock for good
 
     @property
     def wait_replicas(self) -> int:
@@ -170,16 +173,24 @@ class Run:
     def start(self) -> RedisDelay:
         self.topology.start()
         say(self.topology.describe())
-        env = {**self.topology.env(), ENV_SHARDS: str(self.args.shards), ENV_WAIT_REPLICAS: str(self.wait_replicas)}
+        env = {
+            **self.topology.env(),
+            ENV_SHARDS: str(self.args.shards),
+            ENV_WAIT_REPLICAS: str(self.wait_replicas),
+            ENV_PRECISE_IN_WORKER: "1" if self.args.precise_in_worker else "0",
+            ENV_MAX_TASKS_PER_CHILD: str(self.args.max_tasks_per_child),
+        }
         os.environ.update(env)
         from . import app as chaos_app  # builds the app from the environment
 
         if self.topology.broker_url != chaos_app.BROKER_URL:
             raise RuntimeError("chaos.app was imported before the runner set its environment")
         rd = chaos_app.rd
-        if {"store", "client", "shards"} & set(vars(rd)):
+        if {"client", "shards"} & set(vars(rd.depot)):
             raise RuntimeError("the extension's client was made before the runner could replace it")
-        vars(rd)["client"] = retrying_client(rd.settings)
+        retrying = vars(rd.depot)["client"] = retrying_client(rd.settings)
+        if rd.client is not retrying or rd.store.client is not retrying:
+            raise RuntimeError("the runner's retrying client is not the one the extension uses")
         self.rd = rd
         self._broker = self.topology.broker_client()
         self.cluster = Cluster(env, self.run_dir, say)
@@ -187,6 +198,8 @@ class Run:
             member = self.cluster.start(role, slot)
             say(f"{member.name} ready (pid {member.pid}) in {member.ready_seconds:.1f}s")
         self.cluster.supervise()
+        self.hung_watch = HungWatch(self.cluster.workers)
+        self.hung_watch.start()
         return rd
 
     def start_faults(self, progress: Progress) -> None:
@@ -203,8 +216,16 @@ class Run:
         if left:
             say(f"{left} planned faults were not injected: the run finished first")
 
+    def check_hung(self) -> list[dict[str, Any]]:
+        """Stop watching the pool processes, after a last look: the hung ones seen during the run."""
+        if self.hung_watch is not None:
+            self.hung = self.hung_watch.finish()
+            self.hung_watch = None
+        return self.hung
+
     def stop(self) -> None:
         self.stop_faults()
+        self.check_hung()
         if self.cluster is not None:
             self.cluster.close()
         if self._broker is not None:

@@ -163,6 +163,13 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
 
     NOTES[app] = notes
 
+    @app.task(name="pools.hang", shared=False)
+    def hang() -> None:
+        """Block on a lock nobody will release, as a pool process forked with an inherited held lock does."""
+        lock = threading.Lock()
+        lock.acquire()
+        lock.acquire()
+
     @rd.delayed(name="pools.locked", bind=True, lock="pools:{order}", lock_timeout=30, lock_retry=5)
     def locked(self: Any, key: str, order: int) -> None:
         """Hold the order's lock while running (a busy lock defers the call)."""

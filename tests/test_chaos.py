@@ -1,7 +1,8 @@
 """The chaos runner at CI size (``python -m chaos``): under worker, beat and releaser kills, a Redis restart,
-SIGKILLs of Redis and dropped connections, no validation message goes missing but what Redis's own bound allows
-a SIGKILL to lose; a one-minute soak with the broker on its own Redis leaves no key behind. Timings are not judged
-here. Also the runner's ledger, which tells an acknowledged park that Redis lost, against a real server."""
+SIGKILLs of Redis and dropped connections, with pool processes forked anew every 20 tasks beside the workers'
+precise releaser threads, no validation message goes missing but what Redis's own bound allows a SIGKILL to lose
+and no pool process hangs; a one-minute soak with the broker on its own Redis leaves no key behind. Timings are
+not judged here. Also the runner's ledger, which tells an acknowledged park that Redis lost, against a real server."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ CI_SIZE = (
     # the one-shard layout runs in every other end-to-end test.
     "--shards",
     "2",
+    # The workers fork a new pool process after every 20 tasks while their precise releaser thread runs: none
+    # may hang (the report counts hung pool processes).
+    "--precise-in-worker",
+    "--max-tasks-per-child",
+    "20",
     # The validation gives up before the test does, so a failing run still prints its report.
     "--deadline",
     "180",
@@ -81,6 +87,8 @@ def test_chaos_run_loses_no_message(tmp_path: Path) -> None:
     assert len(kills) == 2 and all(kill["exposed"] is not None for kill in kills), output
     assert report["losses"]["lost_beyond_bound"] == 0, output
     assert report["losses"]["missing_other"] == 0, output
+    assert report["settings"]["precise_in_worker"] and report["settings"]["max_tasks_per_child"] == 20, output
+    assert report["hung_processes"] == [], output
     assert status == 0, output
 
 

@@ -117,3 +117,18 @@ def test_prefork_replaces_children_over_their_memory_limit_and_those_killed(redi
         wait_for(run.settled, 30, "every call to be acknowledged")
         assert {note["id"] for note in run.notes(after)} == later
         assert run.notes(killed) == [], "the killed run is not delivered again"
+
+
+def test_the_chaos_runners_watch_sees_a_pool_process_blocked_on_a_lock(redis_server: RedisServer) -> None:
+    # What the chaos runner counts as a hung process (chaos/hung.py): a pool process whose every thread waits
+    # on a futex for good. A task that blocks on a lock it holds stands in for one forked with a held lock.
+    from chaos import hung
+
+    with pool_worker(redis_server, "prefork", concurrency=2) as run:
+        watch = hung.HungWatch(lambda: [("worker", run.worker.pid)])
+        assert watch.finish() == [], "idle pool processes wait on their pipe, not on a lock"
+        run.task("pools.hang").delay()
+        wait_for(lambda: any(hung.blocked_on_a_lock(pid) for pid in children_of(run.worker.pid)), 30, "the block")
+        watch = hung.HungWatch(lambda: [("worker", run.worker.pid)])
+        found = watch.finish()
+        assert [row["worker_pid"] for row in found] == [run.worker.pid]
