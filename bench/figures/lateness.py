@@ -1,9 +1,11 @@
 """Lateness: from a call's due time to its start on a worker, with a small and a large parked backlog.
 
-Measured for the beat tick (worker + beat, ``redisdelay_tick_interval=1.0``) and, when the package
-has one, for the precise releaser (the same worker, beat stopped, ``celery redisdelay releaser``
-started with ``redisdelay_precise_release=True``). The calls record the Redis server time when they
-start; their due time is their score in the store right after parking, so both ends use one clock.
+Measured for the beat tick (worker + beat, ``redisdelay_tick_interval=1.0``) and, when the package has one,
+for the precise releaser (the same worker, beat stopped, ``celery redisdelay releaser`` started with
+``redisdelay_precise_release=True``); then for the precise releaser as a greenlet of a ``--pool gevent``
+worker (``redisdelay_precise_release=True``), which also runs the calls. The calls record the Redis server
+time when they start; their due time is their score in the store right after parking, so both ends use one
+clock.
 """
 
 from __future__ import annotations
@@ -110,6 +112,19 @@ def _rows(mode: str, small: int, large: int, runs: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def _gevent_rows(small: int, run: dict[str, Any]) -> list[Row]:
+    """p50 and p99 of the precise releaser in a gevent worker, against the same targets."""
+    rows: list[Row] = []
+    for name, target, bound in (("p50", PRECISE_P50_MS, "p50_ms"), ("p99", PRECISE_P99_MS, "p99_ms")):
+        label = f"lateness precise in gevent {name} (bg {small:,})"
+        if "small" not in run:
+            rows.append(Row(label, NOT_IMPLEMENTED, "ms", target=f"< {target:.0f} ms"))
+            continue
+        value = run["small"][bound]
+        rows.append(Row(label, value, "ms", target=f"< {target:.0f} ms", met=value < target))
+    return rows
+
+
 def lateness(ctx: Context) -> dict[str, Any]:
     """p50/p99 of due time -> task start, beat tick and precise releaser, with a small and a large backlog."""
     sizes, processes, client = ctx.sizes, ctx.processes, ctx.client
@@ -127,6 +142,7 @@ def lateness(ctx: Context) -> dict[str, Any]:
     # One worker (prefork, 2 processes) runs the calls in both modes; it runs no releaser of its own.
     tick: dict[str, Any] = {}
     precise: dict[str, Any] = {}
+    in_gevent: dict[str, Any] = {}
     worker = processes.worker("bench-late", queues=DEFAULT_QUEUE, concurrency=2, tick_interval=TICK_INTERVAL)
     try:
         beat = processes.beat(tick_interval=TICK_INTERVAL)
@@ -150,10 +166,21 @@ def lateness(ctx: Context) -> dict[str, Any]:
                 parker.app.close()
     finally:
         processes.stop(worker)
+    if has_releaser:
+        # The precise releaser in a gevent worker: a greenlet beside the tasks' greenlets (bg small still parked).
+        parker = build(ctx.url, precise=True)
+        greenlets = processes.worker(
+            "bench-late-gevent", queues=DEFAULT_QUEUE, pool="gevent", concurrency=10, precise=True
+        )
+        try:
+            in_gevent["small"] = measure(ctx, parker, f"precise in a gevent worker, bg {small:,}")
+        finally:
+            processes.stop(greenlets)
+            parker.app.close()
     ctx.clear()
     client.unlink(DEFAULT_QUEUE)
 
-    rows = _rows("tick", small, large, tick) + _rows("precise", small, large, precise)
+    rows = _rows("tick", small, large, tick) + _rows("precise", small, large, precise) + _gevent_rows(small, in_gevent)
     details = {
         "tick_interval_s": TICK_INTERVAL,
         "background_small": small,
@@ -162,5 +189,6 @@ def lateness(ctx: Context) -> dict[str, Any]:
         "background_bytes_per_call": per_call,
         "tick": tick,
         "precise": precise if has_releaser else NOT_IMPLEMENTED,
+        "precise_in_gevent_worker": in_gevent if has_releaser else NOT_IMPLEMENTED,
     }
     return {"rows": [row.as_dict() for row in rows], "details": details}
