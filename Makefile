@@ -1,5 +1,5 @@
 # The commands the README shows; each goes through dev.py, which needs nothing but Python.
-.PHONY: demo test test-lowest lint bench wheel-demo
+.PHONY: demo test test-lowest lint bench wheel-demo docs
 demo:
 	python3 dev.py demo
 test:
@@ -12,3 +12,5 @@ bench:
 	python3 dev.py bench
 wheel-demo:
 	python3 dev.py wheel-demo
+docs:
+	python3 dev.py docs

@@ -8,6 +8,7 @@ python3 dev.py test-lowest [pytest args]
                         ``>=`` floors of its dependencies and of the prometheus extra, pinned with ``==``)
 python3 dev.py lint     ruff, mypy and the layering contracts (import-linter)
 python3 dev.py bench    the benchmarks
+python3 dev.py docs     the manual (Sphinx, warnings as errors) into docs/_build/html
 python3 dev.py wheel-demo
                         build the sdist and the wheel (dist/), install the wheel alone in a clean venv
                         and run the demo with it, from a folder that holds no copy of the package
@@ -129,7 +130,7 @@ def versions(python: Path) -> str:
 
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
-    if command not in {"demo", "test", "test-lowest", "lint", "bench", "wheel-demo"}:
+    if command not in {"demo", "test", "test-lowest", "lint", "bench", "wheel-demo", "docs"}:
         print(__doc__)
         return 0 if command in {"help", "-h", "--help"} else 2
     if command == "test-lowest":
@@ -143,6 +144,9 @@ def main(argv: list[str]) -> int:
         return run(python, "-m", "pytest", *rest)
     if command == "bench":
         return run(python, "-m", "bench", *rest)
+    if command == "docs":
+        out = str(ROOT / "docs" / "_build" / "html")
+        return run(python, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"), out, *rest)
     if command == "wheel-demo":
         return wheel_demo(python, rest)
     return (
