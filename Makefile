@@ -1,5 +1,5 @@
 # The commands the README shows; each goes through dev.py, which needs nothing but Python.
-.PHONY: demo test test-lowest lint bench wheel-demo docs
+.PHONY: demo test test-lowest lint bench wheel-demo docs celery-suite
 demo:
 	python3 dev.py demo
 test:
@@ -14,3 +14,5 @@ wheel-demo:
 	python3 dev.py wheel-demo
 docs:
 	python3 dev.py docs
+celery-suite:
+	python3 dev.py celery-suite

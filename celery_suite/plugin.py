@@ -1,0 +1,34 @@
+"""A pytest plugin for Celery's integration tests (``-p celery_suite.plugin``): every app the tests make gets the
+extension as ``REDISDELAY_SUITE_MODE`` says (:mod:`celery_suite.modes`), without a change to Celery's files.
+
+Celery's pytest fixtures make their apps with ``celery.contrib.testing.app.TestApp``; the plugin wraps it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .modes import ENV_MODE, MODE_SETTINGS
+
+
+def pytest_configure(config: Any) -> None:
+    mode = os.environ.get(ENV_MODE, "plain")
+    if mode not in MODE_SETTINGS:
+        raise ValueError(f"{ENV_MODE}={mode!r}: expected one of {', '.join(MODE_SETTINGS)}")
+    if mode == "plain":
+        return
+    from celery.contrib.testing import app as testing_app
+
+    from celery_redisdelay import RedisDelay
+
+    made = testing_app.TestApp
+
+    def with_the_extension(*args: Any, config: Any = None, **kwargs: Any) -> Any:
+        app = made(*args, config={**(config or {}), **MODE_SETTINGS[mode]}, **kwargs)
+        rd = RedisDelay(app)
+        if mode == "delayed":
+            app.Task = rd.Task  # every task bound to the app from now on is a delayed task
+        return app
+
+    testing_app.TestApp = with_the_extension
