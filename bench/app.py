@@ -10,6 +10,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
     ``1`` sets ``redisdelay_precise_release=True`` (for the precise releaser, when the package has one).
 ``REDISDELAY_BENCH_PARK_RECEIVED``
     ``1`` sets ``redisdelay_park_received=True`` (a worker parks the eta messages it receives).
+``REDISDELAY_BENCH_RESULTS``
+    ``1`` gives the app a Redis result backend (database 1) and keeps its tasks' results.
 
 The bench process builds further apps with :func:`build` (for example one with precise release on to
 park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
@@ -31,6 +33,7 @@ ENV_URL = "REDISDELAY_BENCH_URL"
 ENV_TICK = "REDISDELAY_BENCH_TICK"
 ENV_PRECISE = "REDISDELAY_BENCH_PRECISE"
 ENV_PARK_RECEIVED = "REDISDELAY_BENCH_PARK_RECEIVED"
+ENV_RESULTS = "REDISDELAY_BENCH_RESULTS"
 
 KEY_PREFIX = "bench"
 
@@ -47,6 +50,7 @@ MEMORY_PLAIN_QUEUE = "bench-memory-plain"
 WORKER_OURS_QUEUE = "bench-mem-ours"  # the worker_memory workers
 WORKER_PLAIN_QUEUE = "bench-mem-plain"
 WORKER_RECEIVED_QUEUE = "bench-mem-received"  # Celery's eta messages, parked by the worker that receives them
+E2E_QUEUE = "bench-e2e"  # calls due now, run by one worker, end to end
 QUEUES = (
     DEFAULT_QUEUE,
     PARK_QUEUE,
@@ -58,6 +62,7 @@ QUEUES = (
     WORKER_OURS_QUEUE,
     WORKER_PLAIN_QUEUE,
     WORKER_RECEIVED_QUEUE,
+    E2E_QUEUE,
 )
 
 
@@ -71,6 +76,7 @@ class BenchApp:
     delayed_noop: Any  # @rd.delayed: parks
     plain_noop: Any  # @app.task: Celery's own countdown, the baseline
     stamp: Any  # @rd.delayed: records when it starts, by the Redis clock
+    plain_stamp: Any  # @app.task: the same, for Celery's own calls
 
 
 def server_ms(client: redis.Redis) -> int:
@@ -127,12 +133,13 @@ def build(
 
     plain_noop = app.task(name="bench.plain_noop", shared=False)(plain)
 
-    @rd.delayed(name="bench.stamp", bind=True)
-    def stamp(self: Any, key: str, i: int = 0) -> None:
+    def record_start(self: Any, key: str, i: int = 0) -> None:
         """Record ``<call id> <Redis time in ms>`` as the first thing the call does."""
         marks.rpush(key, f"{self.request.id} {server_ms(marks)}")
 
-    return BenchApp(url, app, rd, delayed_noop, plain_noop, stamp)
+    stamp = rd.delayed(name="bench.stamp", bind=True)(record_start)
+    plain_stamp = app.task(name="bench.plain_stamp", bind=True, shared=False)(record_start)
+    return BenchApp(url, app, rd, delayed_noop, plain_noop, stamp, plain_stamp)
 
 
 def from_environment() -> BenchApp:
@@ -141,6 +148,7 @@ def from_environment() -> BenchApp:
         tick_interval=float(os.environ.get(ENV_TICK, "1.0")),
         precise=os.environ.get(ENV_PRECISE) == "1",
         park_received=os.environ.get(ENV_PARK_RECEIVED) == "1",
+        results=os.environ.get(ENV_RESULTS) == "1",
         set_as_current=True,
     )
 

@@ -29,6 +29,7 @@ class Sizes:
     lateness_large: int  # parked calls in the background, large run (scaled down to fit memory)
     release_cluster: int  # due calls released from a Redis Cluster store, baseline and scaled alike
     dashboard: int  # parked calls behind the dashboard's pages
+    e2e: int  # calls due now, run end to end by one worker, each side
 
 
 NORMAL = Sizes(
@@ -45,6 +46,7 @@ NORMAL = Sizes(
     lateness_large=1_000_000,
     release_cluster=60_000,
     dashboard=1_000_000,
+    e2e=5000,
 )
 QUICK = Sizes(
     park_single=500,
@@ -60,6 +62,7 @@ QUICK = Sizes(
     lateness_large=20_000,
     release_cluster=6000,
     dashboard=20_000,
+    e2e=300,
 )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from celery_redisdelay.testing import CeleryProcess, wait_for
 from celery_redisdelay.testing import beat as beat_process
 
-from .app import ENV_PARK_RECEIVED, ENV_PRECISE, ENV_TICK, ENV_URL
+from .app import ENV_PARK_RECEIVED, ENV_PRECISE, ENV_RESULTS, ENV_TICK, ENV_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "bench.app"
@@ -56,8 +56,11 @@ class Processes:
         self.say = say
         self.running: list[CeleryProcess] = []
 
-    def env(self, *, tick_interval: float = 1.0, precise: bool = False, park_received: bool = False) -> dict[str, str]:
+    def env(
+        self, *, tick_interval: float = 1.0, precise: bool = False, park_received: bool = False, results: bool = False
+    ) -> dict[str, str]:
         return {
+            ENV_RESULTS: "1" if results else "0",
             ENV_URL: self.url,
             ENV_TICK: str(tick_interval),
             ENV_PRECISE: "1" if precise else "0",
@@ -84,6 +87,7 @@ class Processes:
         tick_interval: float = 1.0,
         precise: bool = False,
         park_received: bool = False,
+        results: bool = False,
     ) -> CeleryProcess:
         """A worker, waited for until it is ready."""
         command = [
@@ -98,7 +102,8 @@ class Processes:
             "--without-heartbeat",
         ]
         process = self._start(
-            command, self.env(tick_interval=tick_interval, precise=precise, park_received=park_received)
+            command,
+            self.env(tick_interval=tick_interval, precise=precise, park_received=park_received, results=results),
         )
         self.wait_ready(process)
         self.say(f"  worker {name} ready (pid {process.pid}, pool {pool}, queues {queues})")

@@ -22,6 +22,7 @@ FIGURES = (
     "lateness",
     "redis_memory_per_call",
     "dashboard",
+    "e2e_throughput",
 )
 NOT_IMPLEMENTED = "not implemented"
 SKIPPED = "skipped"  # the cluster figure, on a redis-server older than 7.0 (no --cluster-port)

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..context import Context
 from .dashboard import dashboard
+from .e2e import e2e_throughput
 from .lateness import lateness
 from .park import park_bulk, park_single
 from .redis_memory import redis_memory_per_call
@@ -26,4 +27,5 @@ FIGURES: dict[str, Figure] = {
     "redis_memory_per_call": redis_memory_per_call,
     "release_cluster": release_cluster,
     "dashboard": dashboard,
+    "e2e_throughput": e2e_throughput,
 }

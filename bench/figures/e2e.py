@@ -1,0 +1,97 @@
+"""End to end: calls due now, from the first call to the last acknowledgement, on one worker.
+
+One worker (``--pool prefork --concurrency 2``) with the precise releaser in it runs no-op tasks whose calls are
+due now: N calls of a delayed task (parked, released by the releaser thread, run, tracked, acknowledged: timed
+until the store holds none) against N calls of the same task as a plain ``@app.task`` (timed until a last call
+sent after them has run). The producer runs beside the worker on the same machine, as it would. Both sides take
+turns over two rounds after a warm-up of each; without a result backend (``ignore_result``), then with a Redis
+result backend on both.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from celery_redisdelay.testing import wait_for
+
+from ..app import E2E_QUEUE, BenchApp, build
+from ..context import Context
+from ..report import Row, ratio
+
+ROUNDS = 2
+TARGET = 0.95
+
+
+def ours(ctx: Context, app: BenchApp, n: int) -> float:
+    """Seconds from the first of ``n`` delayed calls due now to the acknowledgement of the last."""
+    rd = app.rd
+    started = time.perf_counter()
+    for i in range(n):
+        app.delayed_noop.apply_async((i,), queue=E2E_QUEUE)
+
+    def settled() -> bool:
+        stats = rd.stats()
+        return stats["delayed"] == 0 and stats["inflight"] == 0
+
+    wait_for(settled, 600, f"{n} delayed calls to be acknowledged", interval=0.02)
+    return time.perf_counter() - started
+
+
+def celerys(ctx: Context, app: BenchApp, n: int) -> float:
+    """Seconds from the first of ``n`` plain calls to the run of a last one sent after them (FIFO, 2 processes)."""
+    marks = f"bench:e2e:{uuid.uuid4().hex}"
+    started = time.perf_counter()
+    with app.app.producer_or_acquire() as producer:
+        for i in range(n):
+            app.plain_noop.apply_async((i,), queue=E2E_QUEUE, producer=producer)
+        app.plain_stamp.apply_async((marks,), queue=E2E_QUEUE, producer=producer)
+    wait_for(lambda: ctx.client.llen(marks) >= 1, 600, f"{n} plain calls to run", interval=0.02)
+    seconds = time.perf_counter() - started
+    ctx.client.unlink(marks)
+    return seconds
+
+
+def e2e_throughput(ctx: Context) -> dict[str, Any]:
+    """Calls/s end to end, delayed vs plain Celery, without and with a Redis result backend."""
+    n = ctx.sizes.e2e
+    rows: list[Row] = []
+    details: dict[str, Any] = {"calls": n, "rounds": ROUNDS, "pool": "prefork", "concurrency": 2}
+    for label, results in (("e2e_throughput", False), ("e2e_throughput (Redis results)", True)):
+        app = build(ctx.url, precise=True, results=results)
+        worker = ctx.processes.worker(
+            "bench-e2e", queues=E2E_QUEUE, concurrency=2, precise=True, results=results, tick_interval=1.0
+        )
+        try:
+            ours_seconds = celery_seconds = 0.0
+            for turn in range(ROUNDS + 1):
+                size = n if turn else max(50, n // 10)
+                mine, theirs = ours(ctx, app, size), celerys(ctx, app, size)
+                ctx.say(
+                    f"  {label} {'round ' + str(turn) if turn else 'warm-up'}: "
+                    f"ours {size / mine:,.0f} calls/s, Celery {size / theirs:,.0f} calls/s"
+                )
+                if turn:
+                    ours_seconds += mine
+                    celery_seconds += theirs
+        finally:
+            ctx.processes.stop(worker)
+            app.app.close()
+        rate, base = ROUNDS * n / ours_seconds, ROUNDS * n / celery_seconds
+        found = ratio(rate, base)
+        rows.append(
+            Row(
+                label,
+                rate,
+                "calls/s",
+                base,
+                "plain Celery, same tasks",
+                found,
+                f">= {TARGET}x",
+                found is not None and found >= TARGET,
+            )
+        )
+        details[label] = {"ours_seconds": ours_seconds, "celery_seconds": celery_seconds}
+    ctx.clear(E2E_QUEUE)
+    return {"rows": [row.as_dict() for row in rows], "details": details}
