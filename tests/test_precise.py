@@ -113,3 +113,35 @@ def test_the_worker_bootstep_runs_a_releaser_when_the_setting_asks(make_app: Mak
     idle = PreciseReleaseStep(Worker(off_app))
     idle.start(Worker(off_app))
     assert idle.thread is None, "off by default"
+
+
+def test_the_release_script_says_when_to_look_again(rd: RedisDelay, client: redis.Redis) -> None:
+    # The precise releaser sleeps on what the release script answers, instead of asking Redis again.
+    ping = task_on(rd)
+    releaser = rd.releaser
+    lists = releaser.lists
+    assert lists is not None
+    nothing = rd.store.release(10, 30_000, 60_000, lists)
+    assert (nothing.examined, nothing.next_due_ms, nothing.batch_due) == (0, None, False)
+    later = ping.apply_async((1,), countdown=3600)
+    ping.apply_async((2,), countdown=0)
+    released = rd.store.release(10, 30_000, 60_000, lists)
+    assert released.pushed == 1
+    assert released.next_due_ms == rd.find(later.id).score_ms  # type: ignore[union-attr]
+    assert 3590_000 < released.next_due_ms - released.now_ms <= 3600_000  # type: ignore[operator]
+
+
+def test_a_precise_releaser_flushes_a_batch_group_when_its_wait_is_over(make_app: MakeApp, client: redis.Redis) -> None:
+    _, rd = make_app()
+
+    @rd.batched(name="tests.precise.batch", size=100, max_wait=0.5)
+    def collect(key: str, items: list[Any]) -> None: ...
+
+    with running(rd, longest_sleep=30.0):
+        wait_for(lambda: blocked(client), 10, "the releaser to sleep")
+        collect.add("k", 1)
+        assert rd.stats()["batch_groups"] == 1
+        # A new group wakes it, and its next look is when the group's wait is over, not after the 30 s cap.
+        wait_for(lambda: published(client, rd), 3, "the batch to be released")
+    [call_id] = published(client, rd)
+    assert rd.find(call_id).state == "inflight"  # type: ignore[union-attr]

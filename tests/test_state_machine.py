@@ -432,7 +432,7 @@ class StoreMachine(RuleBasedStateMachine):
         (all of them when the script is given no list it may push to)."""
         taken = self.ordered("delayed", limit)
         lists = self.env.lists if to_lists else []
-        claimed, examined, pushed = self.store.release(limit, claim_ms, queue_ms, lists)
+        claimed, examined, pushed, *_ = self.store.release(limit, claim_ms, queue_ms, lists)
         expected_claimed, expected_tags, first_messages = [], [], []
         for call_id in taken:
             call = self.calls[call_id]

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from celery import Celery
 
     from ..settings import Settings
-    from ..store.calls import CallStore, Claimed
+    from ..store.calls import CallStore, Claimed, Released
     from ..store.depot import Depot
 
 #: ``app.send_task`` as Celery has it (not as the extension puts it over the app, parking delayed calls).
@@ -143,6 +143,8 @@ class Releaser:
         self.lists = lists
         self.in_script = in_script and lists is not None
         self._wire_lists = frozenset(lists or ())
+        #: What the last release script said (the fast path): when to look again, whether a batch group is due.
+        self.last_release: Released | None = None
         self.new_id = new_id  # ids of flushed batches: they must belong to this store's shard
 
     # Each step is one bounded script call and says whether more may be left.
@@ -159,7 +161,8 @@ class Releaser:
         claim_ms = round(self.settings.claim_timeout * 1000)
         if self.in_script and self.lists is not None:
             queue_ms = round(self.settings.queue_timeout * 1000)
-            claimed, examined, pushed = self.store.release(batch, claim_ms, queue_ms, self.lists)
+            self.last_release = self.store.release(batch, claim_ms, queue_ms, self.lists)
+            claimed, examined, pushed = self.last_release[:3]
             report.released += pushed
         else:
             (claimed, examined), pushed = self.store.claim_batch(batch, claim_ms), 0

@@ -89,6 +89,19 @@ def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class Released(NamedTuple):
+    """What one release script did: the calls it claimed for the generic path, the due ids it examined and the
+    calls it pushed; and, for a precise releaser, the server's time then (ms), when the earliest call left is due
+    (None: none left) and whether a batch group is due."""
+
+    claimed: list[Claimed]
+    examined: int
+    pushed: int
+    now_ms: int
+    next_due_ms: int | None
+    batch_due: bool
+
+
 class BrokerCopy(NamedTuple):
     """The broker's copy of a message the store adopts, where the broker is the store's Redis: ``where`` is
     ``"list"`` (``keys``: the queue list; ``copy``: the message as it is in the list) or ``"unacked"``
@@ -223,18 +236,14 @@ class CallStore:
         calls = _claimed(flat)
         return calls, int(examined)
 
-    def release(
-        self, limit: int, claim_timeout_ms: int, queue_timeout_ms: int, lists: Sequence[str]
-    ) -> tuple[list[Claimed], int, int]:
-        """The fast path: push due calls stored as broker messages for ``lists`` straight onto them.
-
-        Returns (calls claimed for the generic path, due ids examined, calls pushed).
-        """
-        examined, pushed, *flat = self._run(
+    def release(self, limit: int, claim_timeout_ms: int, queue_timeout_ms: int, lists: Sequence[str]) -> Released:
+        """The fast path: push due calls stored as broker messages for ``lists`` straight onto them (see
+        :class:`Released`)."""
+        examined, pushed, now, next_due, batch_due, *flat = self._run(
             "release", [limit, claim_timeout_ms, queue_timeout_ms], "release due calls", lists
         )
-        calls = _claimed(flat)
-        return calls, int(examined), int(pushed)
+        upcoming = int(float(next_due)) if next_due not in (b"", "", None) else None
+        return Released(_claimed(flat), int(examined), int(pushed), int(now), upcoming, bool(int(batch_due)))
 
     def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int) -> int:
         if not call_ids:

@@ -12,7 +12,10 @@ local group, size = ARGV[1], tonumber(ARGV[3])
 local now = now_ms()
 local waiting = redis.call('RPUSH', KEYS[10], ARGV[2])
 redis.call('HINCRBY', COUNTERS, 'batch_items', 1)
-redis.call('ZADD', BATCHES, 'NX', now + tonumber(ARGV[4]), group)
+local flush_at = now + tonumber(ARGV[4])
+if redis.call('ZADD', BATCHES, 'NX', flush_at, group) == 1 then
+    mark_if_earliest(flush_at, group)  -- a precise releaser sleeping towards a later time looks again
+end
 if waiting >= size then
     flush_group(KEYS[10], group, size, ARGV[5], ARGV[6], now)
     return {redis.call('LLEN', KEYS[10]), ARGV[5]}

@@ -131,8 +131,8 @@ local function holder(key)
     return nil
 end
 
--- Tell precise releasers (which wait on WAKE with BZPOPMIN) that a call is due earlier than the
--- one they sleep towards. Call it before adding the call to DELAYED.
+-- Tell precise releasers (which wait on WAKE with BZPOPMIN) that a call (or a batch group's flush) is due
+-- earlier than the call they sleep towards. Call it before adding the call to DELAYED.
 local function mark_if_earliest(due, id)
     local first = redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')
     if first[2] == nil or due < tonumber(first[2]) then

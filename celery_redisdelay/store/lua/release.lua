@@ -7,8 +7,11 @@
 -- delivery" (see load_inflight_meta), so the only writes per call are the moves and the push.
 -- KEYS[10..]: the queue lists this app's messages may go to (kombu's names, priorities included).
 -- ARGV: 1 most calls to take, 2 claim timeout (ms), 3 default queue timeout (ms)
--- Returns: {examined, pushed, id, payload, deliveries, list, ...}: due ids looked at, calls pushed, then the
--- calls claimed for the generic path. Due ids without payload are dead-lettered here.
+-- Returns: {examined, pushed, now, next due, batch due, id, payload, deliveries, list, ...}: due ids looked at,
+-- calls pushed, the server's time (ms), when the next thing is due (the earliest call left in the delay set, or
+-- a batch group's flush; '' when none) and 1 when a batch group is due now (else 0), so that a precise releaser
+-- knows when to look again without asking; then the calls claimed for the generic path. Due ids without
+-- payload are dead-lettered here.
 local lists = {}
 for i = 10, #KEYS do
     local wrong = check_type(KEYS[i], 'list')
@@ -59,15 +62,29 @@ local function bulk(command, key, args)
     end
 end
 
+-- What a releaser needs to know when to look again: when the earliest call left or batch group is due, and
+-- whether a batch group is due now.
+local function looked_again(out, now)
+    local call = tonumber(redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')[2])
+    local group = tonumber(redis.call('ZRANGE', BATCHES, 0, 0, 'WITHSCORES')[2])
+    local earliest = call
+    if group and (not earliest or group < earliest) then
+        earliest = group
+    end
+    out[4] = earliest and string.format('%d', earliest) or ''
+    out[5] = (group and group <= now) and 1 or 0
+    return out
+end
+
 local now = now_ms()
 local rows = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
 local ids = {}
 for i = 1, #rows, 2 do
     ids[#ids + 1] = rows[i]
 end
-local out = {#ids, 0}
+local out = {#ids, 0, now, '', 0}
 if #ids == 0 then
-    return out
+    return looked_again(out, now)
 end
 local claim_deadline = now + tonumber(ARGV[2])
 local payloads = redis.call('HMGET', PAYLOADS, unpack(ids))
@@ -150,4 +167,4 @@ if #taken > 0 then
 end
 count_releases(rows, buried, now)
 out[2] = pushed
-return out
+return looked_again(out, now)
