@@ -45,6 +45,7 @@ MEMORY_FIELDS = (
 DOCUMENTED = {
     r"\{chaos(/\d+)?\}:counters": "running totals for the metrics (a fixed set of fields)",
     r"\{chaos(/\d+)?\}:wake": "markers for precise releasers (at most 16)",
+    r"\{chaos(/\d+)?\}:history": "the per-minute history (the last 24 hours, pruned by the sweep)",
     r"\{chaos\}:shards": "the shard registry (with redisdelay_shards > 1)",
     r"\{chaos(/\d+)?\}:lock-wake:.*": "a lock's wake-up list (expires 10 s after the release)",
     r"_kombu\.binding\..*": "kombu's queue bindings (a killed worker's pidbox binding stays)",

@@ -58,6 +58,7 @@ def test_totals_count_each_change_once(make_app: MakeApp, client: redis.Redis, f
     rd.tick()
     shot = snapshot(rd.depot)
     assert shot.totals == {
+        "parked": 11,
         "released": 10,
         "swept": 0,
         "dead_lettered": 2,

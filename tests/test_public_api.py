@@ -57,6 +57,8 @@ COMMANDS = {
     "validate", "web",
     # added since: whole-app adoption
     "adopt",
+    # added since: the Grafana dashboard and alert rules
+    "monitoring",
 }  # fmt: skip
 
 

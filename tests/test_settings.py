@@ -302,7 +302,7 @@ def test_a_prefix_with_braces_is_refused_before_anything_is_stored(make_app: Mak
 def test_store_keys_share_one_hash_tag() -> None:
     keys = Keyspace("my-app")
     assert keys.store_keys[:5] == [keys.delayed, keys.inflight, keys.dead, keys.payloads, keys.meta]
-    assert len(set(keys.store_keys)) == 9
+    assert len(set(keys.store_keys)) == 10
     # The per-name keys of batch groups and locks go to the same slot, whatever the name holds.
     named = [keys.batch_items('["t","a{b}c"]'), keys.lock("order:{42}"), keys.lock_waiters("x"), keys.lock_wake("y")]
     every = keys.store_keys + named
@@ -333,7 +333,7 @@ def test_a_parked_call_creates_only_hash_tagged_keys(rd: RedisDelay) -> None:
     prefix = rd.settings.key_prefix
     tagged.apply_async((1,), countdown=30)
     created = {key.decode() for key in rd.client.scan_iter(match=f"*{prefix}*")}
-    assert created == {f"{{{prefix}}}:{name}" for name in ("delayed", "payloads", "meta", "wake")}
+    assert created == {f"{{{prefix}}}:{name}" for name in ("delayed", "payloads", "meta", "wake", "counters", "history")}
     assert len({key_slot(key.encode()) for key in created}) == 1
 
 

@@ -10,6 +10,7 @@ where apt works).
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
@@ -29,6 +30,7 @@ import pytest
 from celery import Celery
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.operations.history import read_history
 from celery_redisdelay.testing import RedisServer, free_port, wait_for
 from tests.conftest import ROOT
 from tests.web_proj import shop_tasks
@@ -153,6 +155,16 @@ def park_a_day_of_work(rd: RedisDelay, tasks: dict[str, Any]) -> dict[str, list[
     return ids
 
 
+def open_page(browser: Any) -> tuple[Any, list[str]]:
+    """A new page, and the list its script errors and failed loads are written to."""
+    page = browser.new_page(viewport=VIEWPORT)
+    page.set_default_timeout(15_000)
+    problems: list[str] = []
+    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
+    page.on("requestfailed", lambda request: problems.append(f"failed: {request.url}"))
+    return page, problems
+
+
 def screenshots(tmp_path: Path) -> Path:
     if os.environ.get("REDISDELAY_SCREENSHOTS") == "docs":
         (ROOT / "docs").mkdir(exist_ok=True)
@@ -167,15 +179,11 @@ def test_filter_cancel_reschedule_and_run_now_in_a_browser(
     ids = park_a_day_of_work(rd, tasks)
     expect = sync_api.expect
     shots = screenshots(tmp_path)
-    page = browser.new_page(viewport=VIEWPORT)
-    page.set_default_timeout(15_000)
-    problems: list[str] = []
-    page.on("console", lambda message: problems.append(message.text) if message.type == "error" else None)
-    page.on("requestfailed", lambda request: problems.append(f"failed: {request.url}"))
+    page, problems = open_page(browser)
 
     page.goto(web.url + "/")
     expect(page.locator(".card").first).to_contain_text("416")
-    expect(page.locator("svg.chart")).to_have_count(3)
+    expect(page.locator("svg.chart")).to_have_count(6)  # three of the parked calls, three of the history
     page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
 
     # Filter the delayed list by task: the URL says so, and every row is a reminder.
@@ -223,4 +231,84 @@ def test_filter_cancel_reschedule_and_run_now_in_a_browser(
     expect(page.locator(".flash-done")).to_contain_text("2 of 2 selected calls made due now")
     now_ms = int(rd.client.time()[0]) * 1000 + 1000
     assert all((found := rd.find(call_id)) is not None and found.score_ms <= now_ms for call_id in chosen)
+    assert problems == [], "no script errors, nothing refused by the Content-Security-Policy, no failed load"
+
+
+def plant_an_hour_of_history(rd: RedisDelay) -> int:
+    """The history's last hour before this minute, as the scripts would have counted it (a test cannot wait an
+    hour): a busy shop with a lunchtime peak, a few redeliveries and one slow tick. Returns the minutes' parked
+    total; this minute is counted by the real scripts."""
+    draw = random.Random(25)
+    now = int(rd.client.time()[0]) // 60
+    fields: dict[str, int] = {}
+    parked = 0
+    for back in range(59, 0, -1):
+        minute = now - back
+        rate = 40 + 30 * math.sin(back / 9) ** 2 + draw.randint(0, 12)
+        slow = back in (21, 22)
+        counts = {
+            "parked": int(rate),
+            "released": int(rate * draw.uniform(0.9, 1.1)),
+            "acked": int(rate * draw.uniform(0.88, 1.05)),
+            "swept": draw.choice([0, 0, 0, 1, 2]) + (9 if slow else 0),
+            "cancelled": draw.choice([0, 0, 1]),
+            "late_le_10": int(rate * 0.3),
+            "late_le_25": int(rate * 0.5),
+            "late_le_100": int(rate * 0.18),
+            "late_le_1000" if not slow else "late_le_2500": max(1, int(rate * 0.02)) + (6 if slow else 0),
+        }
+        parked += counts["parked"]
+        fields.update({f"{minute}:{name}": value for name, value in counts.items() if value})
+    rd.client.hset(rd.store.keys.history, mapping=fields)
+    rd.client.hsetnx(rd.store.keys.history, "pruned", now - 1441)
+    return parked
+
+
+def test_the_history_charts_follow_what_happens_without_a_reload(
+    shop: tuple[RedisDelay, dict[str, Any], Dashboard], browser: Any, tmp_path: Path
+) -> None:
+    rd, tasks, web = shop
+    planted = plant_an_hour_of_history(rd)
+    # This minute, by the real scripts: invoices parked, released by a tick and acknowledged as a worker would.
+    sent = [tasks["invoice"].apply_async((n,), {"amount": 9.5}, countdown=0.001).id for n in range(50)]
+    wait_for(lambda: rd.tick()["released"] > 0 and rd.store.stats()["delayed"] == 0, 30, "the invoices to be released")
+    for call_id in sent[:45]:
+        assert rd.store.ack(call_id)
+    expect = sync_api.expect
+    page, problems = open_page(browser)
+
+    page.goto(web.url + "/")
+    history = page.locator("#history")
+    expect(history.locator("h2")).to_have_text("What happened: last hour, per minute")
+    expect(history.locator("svg.chart")).to_have_count(3)
+    expect(history.locator("polyline.line")).to_have_count(8)
+    legend = history.locator('[data-summary="parked"]').first
+    parked = read_history(rd.depot, 60).totals()["parked"]
+    assert parked >= planted + 50 - 100, "the planted hour (less a minute, if one rolled over), and this minute's calls"
+    expect(legend).to_have_text(f"{parked:,}")
+    for chart in history.locator("svg.chart").all():
+        width, height = (float(n) for n in (chart.get_attribute("viewBox") or "").split()[2:])
+        for line in chart.locator("polyline.line").all():
+            points = [tuple(map(float, p.split(","))) for p in (line.get_attribute("points") or "").split()]
+            assert len(points) >= 59, "a point per minute"
+            assert all(0 <= x <= width and 0 <= y <= height for x, y in points), "drawn inside its chart"
+    history.scroll_into_view_if_needed()
+    history.screenshot(path=str(screenshots(tmp_path) / "history.png"))
+
+    # Work done elsewhere shows up without a reload: the page fetches the section again.
+    page.evaluate("window.notReloaded = true")
+    for n in range(25):
+        tasks["invoice"].apply_async((7000 + n,), {"amount": 1.0}, countdown=600)
+    shown = page.locator('#history [data-summary="parked"]').first
+    wait_for(
+        lambda: shown.inner_text() == f"{read_history(rd.depot, 60).totals()['parked']:,}" != f"{parked:,}",
+        30,
+        "the page to show the 25 calls parked since it loaded",
+    )
+    assert page.evaluate("window.notReloaded") is True
+
+    page.locator("#history nav.switch").get_by_role("link", name="24h").click()
+    expect(page).to_have_url(re.compile(r"/\?window=24h$"))
+    expect(page.locator("#history h2")).to_have_text("What happened: last 24 hours, per 10 minutes")
+    expect(shown).to_have_text(f"{read_history(rd.depot, 1440).totals()['parked']:,}")
     assert problems == [], "no script errors, nothing refused by the Content-Security-Policy, no failed load"

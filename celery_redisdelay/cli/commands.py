@@ -15,14 +15,17 @@ from typing import Any
 import click
 from celery.bin.base import handle_preload_options
 
+from .. import monitoring
 from ..errors import RedisDelayError
 from ..operations import admin, metrics
+from ..operations.history import KEPT_MINUTES, read_history
 from ..operations.humanize import deliveries, lock_text, relative, size_text, span
 from ..operations.validation import run_validation
 from ..operations.waiting import adopt_waiting
 from ..release.precise import PreciseReleasers
 from ..store.calls import STATES
 from . import actions
+from .history import print_history
 from .output import FORCE_OPTION, JSON_OPTION, emit, extension, on_stop_signals, pairs, say, table
 
 
@@ -95,6 +98,13 @@ def exporter(ctx: click.Context, port: int, address: str) -> None:
     say("redisdelay exporter: stopped")
 
 
+@redisdelay.command(name="monitoring")
+@click.argument("what", type=click.Choice(sorted(monitoring.FILES)))
+def monitoring_files(what: str) -> None:
+    """Print the Grafana dashboard (grafana) or the Prometheus alert rules (alerts) for the exporter's metrics."""
+    click.echo(monitoring.read(what), nl=False)
+
+
 @redisdelay.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Where to listen (0.0.0.0: every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=5556, show_default=True)
@@ -130,13 +140,23 @@ def web(
 
 
 @redisdelay.command()
+@click.option("--history", "with_history", is_flag=True, help="Add what happened over the last hour and day.")
+@click.option(
+    "--minutes",
+    type=click.IntRange(1, KEPT_MINUTES),
+    default=15,
+    show_default=True,
+    help="With --history: the last minutes shown one by one (--json: the minutes given).",
+)
 @JSON_OPTION
 @click.pass_context
-def status(ctx: click.Context, as_json: bool) -> None:
-    """Calls per state, the release and sweep backlogs, dead letters, and memory, over all shards."""
-    found = admin.status(extension(ctx).depot)
+def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) -> None:
+    """Calls per state, the release and sweep backlogs, dead letters, and memory, over all shards; with
+    --history, what happened per minute too."""
+    depot = extension(ctx).depot
+    found = admin.status(depot)
     if as_json:
-        emit(found, True)
+        emit({**found, "history": read_history(depot, minutes).as_dict()} if with_history else found, True)
         return
     retired = found["retired_shards"]
     rows = [
@@ -154,6 +174,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
         ("memory", _memory(found["memory_bytes_estimate"])),
     ]
     pairs(rows)
+    if with_history:
+        print_history(depot, minutes)
 
 
 def _late(oldest: dict[str, Any] | None, what: str, late: str) -> str:
@@ -165,7 +187,7 @@ def _late(oldest: dict[str, Any] | None, what: str, late: str) -> str:
 def _memory(size: int | None) -> str:
     if size is None:
         return "unknown (the server refused MEMORY USAGE)"
-    return f"{size_text(size)} (estimate: MEMORY USAGE of the nine fixed keys of each shard)"
+    return f"{size_text(size)} (estimate: MEMORY USAGE of the ten fixed keys of each shard)"
 
 
 @redisdelay.command(name="list")

@@ -62,7 +62,7 @@ def status(depot: Depot) -> dict[str, Any]:
     ``due`` counts delayed calls already due (``oldest_overdue``: the one due longest ago);
     ``inflight_expired`` counts calls in flight past their deadline (``oldest_expired``), which the next
     sweep delivers again or dead-letters. ``memory_bytes_estimate`` adds up ``MEMORY USAGE`` (which
-    samples large keys) of each shard's nine fixed keys; batch item lists and locks are not counted; None
+    samples large keys) of each shard's ten fixed keys; batch item lists and locks are not counted; None
     when the server refuses ``MEMORY``. ``locks_with_waiters`` counts locks with calls deferred behind
     them (the lock scripts keep the count; lines that started waiting before it was kept are not in it).
     """

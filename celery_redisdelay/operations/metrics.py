@@ -20,6 +20,7 @@ from ..store.depot import Depot, HoldsDepot, depot_of
 LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 #: Running totals: counter field -> (metric name, help).
 TOTALS = {
+    "parked": ("parked", "Calls put in the delay set (a retry parked again counts again)."),
     "released": ("released", "Calls taken from the delay set for the broker (a failed publish gives one back)."),
     "swept": ("swept", "In-flight calls past their deadline put back for another delivery."),
     "dead_lettered": ("dead_lettered", "Calls moved to the dead-letter set."),
@@ -40,17 +41,24 @@ class Snapshot:
     totals: dict[str, int]
     lateness_buckets: list[tuple[float, int]] = field(default_factory=list)  # (upper bound in s, cumulative)
     lateness_sum_seconds: float = 0.0
+    last_release: float | None = None  # when a releaser last ran (s since the epoch), the oldest over the shards
 
 
 def snapshot(depot: Depot) -> Snapshot:
     """Read the state counts and the totals of every shard."""
     summed: dict[str, int] = {}
+    releases: list[int | None] = []
     stores = depot.shards.all()
     with redis_errors("read the counters"):
         for store in stores:
-            for key, value in depot.client.hgetall(store.keys.counters).items():
+            pipe = store.client.pipeline(transaction=False)
+            pipe.hgetall(store.keys.counters)
+            pipe.hget(store.keys.history, "released_at")
+            counters, released_at = pipe.execute()
+            for key, value in counters.items():
                 name = text(key)
                 summed[name] = summed.get(name, 0) + int(value)
+            releases.append(None if released_at is None else int(released_at))
     states = depot.stats()
     cumulative, buckets = 0, []
     for bound in LATENESS_BOUNDS_MS:
@@ -62,7 +70,15 @@ def snapshot(depot: Depot) -> Snapshot:
         totals={name: summed.get(name, 0) for name in TOTALS},
         lateness_buckets=buckets,
         lateness_sum_seconds=summed.get("late_ms_sum", 0) / 1000,
+        last_release=oldest_release(releases),
     )
+
+
+def oldest_release(releases: list[int | None]) -> float | None:
+    """When every shard was last released (s): the oldest shard's time; None if one never was."""
+    if not releases or None in releases:
+        return None
+    return min(ms for ms in releases if ms is not None) / 1000
 
 
 class RedisDelayCollector:
@@ -92,6 +108,17 @@ class RedisDelayCollector:
             ("batch_items", "Items waiting in batch groups."),
         ):
             yield GaugeMetricFamily(f"{ns}_{name}", help_text, value=shot.states.get(name, 0))
+        if shot.last_release is not None:
+            yield GaugeMetricFamily(
+                f"{ns}_last_release_timestamp_seconds",
+                "When a releaser last ran, by the Redis clock (with shards: the shard released longest ago).",
+                value=shot.last_release,
+            )
+        yield GaugeMetricFamily(
+            f"{ns}_tick_interval_seconds",
+            "How often releasers run (redisdelay_tick_interval): alerts count missed ticks with it.",
+            value=self.depot.settings.tick_interval,
+        )
         for field_name, (name, help_text) in TOTALS.items():
             yield CounterMetricFamily(f"{ns}_{name}", help_text, value=shot.totals[field_name])
         yield HistogramMetricFamily(

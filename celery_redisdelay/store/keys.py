@@ -1,7 +1,7 @@
 """Names of the Redis keys, built in one place.
 
 All keys of one call store share one hash tag (``{prefix}``, or ``{prefix:N}`` for the shards of
-``redisdelay_shards``), so every script runs on one Redis Cluster slot: the nine fixed keys, and the
+``redisdelay_shards``), so every script runs on one Redis Cluster slot: the ten fixed keys, and the
 per-name keys of batch groups and locks. Validation runs use their own hash tag, one per run.
 """
 
@@ -70,8 +70,13 @@ class Keyspace:
         return self._key("wake")
 
     @property
+    def history(self) -> str:
+        """Per-minute counts of the last day (see ``operations/history.py``)."""
+        return self._key("history")
+
+    @property
     def store_keys(self) -> list[str]:
-        """The nine keys every store script receives, in the order the scripts expect."""
+        """The ten keys every store script receives, in the order the scripts expect."""
         return [
             self.delayed,
             self.inflight,
@@ -82,6 +87,7 @@ class Keyspace:
             self.batches,
             self.counters,
             self.wake,
+            self.history,
         ]
 
     def batch_items(self, group: str) -> str:

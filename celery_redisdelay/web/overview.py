@@ -151,7 +151,7 @@ def layout(bars: list[Bar], width: int = 560, height: int = 180) -> Chart:
     top, bottom, left, right = 12, 22, 40, 6
     plot_w, plot_h = width - left - right, height - top - bottom
     peak = max([bar.count for bar in bars] + [1])
-    step = _tidy_step(peak)
+    step = tidy_step(peak)
     ceiling = step * -(-peak // step)
     slot = plot_w / len(bars)
     gap = min(6.0, slot * 0.25)
@@ -191,7 +191,7 @@ def task_chart(sample: dict[str, Any], width: int = 560, row_height: int = 26) -
     return TaskChart(width, height, label_width, rows, sample["total"], sample["read"], sample["exact"])
 
 
-def _tidy_step(peak: int) -> int:
+def tidy_step(peak: int) -> int:
     """A gridline step of 1, 2 or 5 times a power of ten giving three to five lines up to ``peak``."""
     magnitude = 1
     while True:

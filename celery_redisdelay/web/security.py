@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from flask import Response, abort, request
 
-#: No script, style, image or form target outside the package; no framing.
+#: No script, style, image, fetch or form target outside the package; no framing.
 CONTENT_SECURITY_POLICY = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
 )
 HEADERS = {

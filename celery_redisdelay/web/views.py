@@ -10,9 +10,11 @@ from werkzeug.wrappers import Response
 
 from ..operations import admin
 from ..operations.actions import ACTION_STATES
+from ..operations.history import KEPT_MINUTES, read_history
 from ..operations.listing import SCORE_MEANING
 from . import overview
 from .board import dashboard
+from .history import WINDOWS, history_view
 from .overview import STATE_TITLES, state_counts
 from .query import PAGE_SIZES, ListQuery
 
@@ -42,10 +44,33 @@ def overview_page() -> str:
     return render_template(
         "overview.html",
         status=status,
+        history=history_view(rd, _window()),
         due=overview.due_histogram(rd),
         tasks=overview.task_chart(overview.tasks_sample(rd)),
         **page_context(rd, "overview", counts),
     )
+
+
+@blueprint.get("/history")
+def history() -> str:
+    """The overview's history section alone: the page's script swaps it in every few seconds."""
+    return render_template("_history.html", history=history_view(dashboard().rd, _window()))
+
+
+@blueprint.get("/api/history")
+def history_json() -> dict[str, Any]:
+    """The history as JSON, minute by minute: ``?minutes=`` 1 to 1440 (60 by default)."""
+    minutes = request.args.get("minutes", "60")
+    if not minutes.isdigit() or not 1 <= int(minutes) <= KEPT_MINUTES:
+        abort(400, f"minutes must be a whole number from 1 to {KEPT_MINUTES}")
+    return read_history(dashboard().rd.depot, int(minutes)).as_dict()
+
+
+def _window() -> str:
+    window = request.args.get("window", "1h")
+    if window not in WINDOWS:
+        abort(400, f"window must be one of {', '.join(WINDOWS)}")
+    return window
 
 
 @blueprint.get("/calls/<state>")

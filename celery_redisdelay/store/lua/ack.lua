@@ -11,6 +11,6 @@ if done == 0 and load_meta(id).s == 'swept' then
 end
 if done == 1 then
     forget(id)
-    redis.call('HINCRBY', COUNTERS, ARGV[2], 1)
+    count(ARGV[2], 1)
 end
 return done

@@ -15,6 +15,6 @@ for _, id in ipairs(ARGV) do
     end
 end
 if #dropped > 0 then
-    redis.call('HINCRBY', COUNTERS, 'cancelled', #dropped / 2)
+    count('cancelled', #dropped / 2)
 end
 return dropped

@@ -22,4 +22,5 @@ if mode == 'unique' or mode == 'debounce' then
 else
     store(id, ARGV[2], ARGV[3], due)
 end
+count('parked', 1)
 return {1, due, id}

@@ -19,5 +19,6 @@ if #scores > 0 then
     redis.call('HSET', PAYLOADS, unpack(payloads))
     redis.call('HSET', META, unpack(metas))
     redis.call('ZADD', DELAYED, unpack(scores))
+    count('parked', #scores / 2)
 end
 return due

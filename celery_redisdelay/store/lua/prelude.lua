@@ -1,7 +1,7 @@
 -- prelude.lua: helpers prepended to every script of the call store. Ahead of it scripts.py defines
 -- MESSAGE_PREFIX and BATCH_PREFIX, how a stored broker message and a flushed batch begin (stored.py).
 --
--- Every script of the store receives the same nine keys first, all sharing one hash tag:
+-- Every script of the store receives the same ten keys first, all sharing one hash tag:
 --   KEYS[1] delayed   zset  id -> due time (ms since the epoch, server clock)
 --   KEYS[2] inflight  zset  id -> deadline (ms)
 --   KEYS[3] dead      zset  id -> time it was dead-lettered (ms)
@@ -19,11 +19,14 @@
 --       acked, revoked, expired (discarded unrun by a worker), cancelled, batches_flushed, lock_deferrals;
 --       lock_lines (locks with a non-empty line of waiters)
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
+--   KEYS[10] history  hash  the same totals per minute, '<minute>:<name>' -> count (minute: ms // 60000),
+--       for the last HISTORY_MINUTES minutes; 'pruned' the last minute forgotten (see prune_history),
+--       'released_at' when a releaser last ran (ms)
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
 local DELAYED, INFLIGHT, DEAD, PAYLOADS, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local INDEX, BATCHES, COUNTERS, WAKE = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash', 'zset'}
+local INDEX, BATCHES, COUNTERS, WAKE, HISTORY = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash', 'zset', 'hash'}
 -- Precise releasers need no more markers than this: each one only says "look again now".
 local MOST_MARKERS = 16
 
@@ -46,6 +49,50 @@ end
 local function now_ms()
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- History: every total is also counted per minute, so the dashboard can show what happened over time.
+-- A minute is forgotten once it is HISTORY_MINUTES old (prune_history, run by the sweep of every tick).
+local HISTORY_MINUTES = 1440
+local history_minute = nil  -- the minute this script counts in (read once: a script is one instant)
+
+-- Add ``n`` to the running total ``name`` and to its count for the current minute (of ``now``, if given).
+local function count(name, n, now)
+    redis.call('HINCRBY', COUNTERS, name, n)
+    if not history_minute then
+        history_minute = string.format('%d', math.floor((now or now_ms()) / 60000))
+        -- the first count ever: nothing older than this minute can be in the history
+        redis.call('HSETNX', HISTORY, 'pruned', string.format('%d', tonumber(history_minute) - 1))
+    end
+    redis.call('HINCRBY', HISTORY, history_minute .. ':' .. name, n)
+end
+
+-- The names counted per minute: every one a minute can hold, so a minute is forgotten in one HDEL.
+local HISTORY_NAMES = {'parked', 'released', 'acked', 'revoked', 'expired', 'swept', 'dead_lettered', 'cancelled',
+    'late_le_5', 'late_le_10', 'late_le_25', 'late_le_50', 'late_le_100', 'late_le_250', 'late_le_500',
+    'late_le_1000', 'late_le_2500', 'late_le_5000', 'late_le_10000', 'late_le_30000', 'late_le_60000', 'late_le_inf'}
+-- At most this many minutes are forgotten per call, so the work is bounded even after a long pause.
+local PRUNE_MINUTES = 10
+
+-- Forget the minutes that are HISTORY_MINUTES old, from the oldest not yet forgotten on.
+local function prune_history(now)
+    local pruned = tonumber(redis.call('HGET', HISTORY, 'pruned'))
+    if not pruned then
+        return  -- nothing was ever counted
+    end
+    local last = math.min(pruned + PRUNE_MINUTES, math.floor(now / 60000) - HISTORY_MINUTES)
+    if last <= pruned then
+        return
+    end
+    local fields = {}
+    for minute = pruned + 1, last do
+        local prefix = string.format('%d', minute) .. ':'
+        for _, name in ipairs(HISTORY_NAMES) do
+            fields[#fields + 1] = prefix .. name
+        end
+    end
+    redis.call('HDEL', HISTORY, unpack(fields))
+    redis.call('HSET', HISTORY, 'pruned', string.format('%d', last))
 end
 
 -- A due time from a script's (mode, ms) arguments: 'in' ms from now by the Redis clock, or 'at' ms.
@@ -95,7 +142,7 @@ end
 
 -- Move a call to the dead-letter set, keeping its payload for inspection and requeue.
 local function bury(id, meta, why, now)
-    redis.call('HINCRBY', COUNTERS, 'dead_lettered', 1)
+    count('dead_lettered', 1, now)
     free_key(id, meta)
     redis.call('ZREM', DELAYED, id)
     redis.call('ZREM', INFLIGHT, id)
@@ -166,6 +213,7 @@ local function flush_group(items_key, group, size, id, meta_json, now)
         store(id, payload, meta_json, now)
         redis.call('HINCRBY', COUNTERS, 'batch_items', -#items)
         redis.call('HINCRBY', COUNTERS, 'batches_flushed', 1)
+        count('parked', 1, now)
     end
     if redis.call('LLEN', items_key) == 0 then
         redis.call('ZREM', BATCHES, group)
@@ -222,17 +270,17 @@ local function count_releases(rows, skipped, now)
         end
     end
     if total > 0 then
-        redis.call('HINCRBY', COUNTERS, 'released', total)
+        count('released', total, now)
         redis.call('HINCRBY', COUNTERS, 'late_ms_sum', sum)
-        for index, count in pairs(counts) do
-            if count > 0 then
-                redis.call('HINCRBY', COUNTERS, 'late_le_' .. (LATENESS_BOUNDS[index] or 'inf'), count)
+        for index, n in pairs(counts) do
+            if n > 0 then
+                count('late_le_' .. (LATENESS_BOUNDS[index] or 'inf'), n, now)
             end
         end
     end
 end
 
--- A lock's line of waiters (KEYS[11] of the lock scripts) became empty: one lock fewer with waiters.
+-- A lock's line of waiters (KEYS[12] of the lock scripts) became empty: one lock fewer with waiters.
 -- Lines that were already waiting before the count was kept are not in it, so it never goes below 0.
 local function line_emptied(waiters)
     if redis.call('EXISTS', waiters) == 0 and tonumber(redis.call('HGET', COUNTERS, 'lock_lines') or '0') > 0 then

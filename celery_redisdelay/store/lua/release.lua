@@ -5,7 +5,7 @@
 -- message without its own tag (not ours), is claimed for the generic path, as claim.lua does.
 -- A first delivery leaves the metadata as the park wrote it: in flight, that form means "queued, first
 -- delivery" (see load_inflight_meta), so the only writes per call are the moves and the push.
--- KEYS[10..]: the queue lists this app's messages may go to (kombu's names, priorities included).
+-- KEYS[11..]: the queue lists this app's messages may go to (kombu's names, priorities included).
 -- ARGV: 1 most calls to take, 2 claim timeout (ms), 3 default queue timeout (ms)
 -- Returns: {examined, pushed, now, next due, batch due, id, payload, deliveries, list, ...}: due ids looked at,
 -- calls pushed, the server's time (ms), when the next thing is due (the earliest call left in the delay set, or
@@ -13,7 +13,7 @@
 -- knows when to look again without asking; then the calls claimed for the generic path. Due ids without
 -- payload are dead-lettered here.
 local lists = {}
-for i = 10, #KEYS do
+for i = 11, #KEYS do
     local wrong = check_type(KEYS[i], 'list')
     if wrong then
         return wrong
@@ -77,6 +77,7 @@ local function looked_again(out, now)
 end
 
 local now = now_ms()
+redis.call('HSET', HISTORY, 'released_at', string.format('%d', now))  -- a releaser ran (an alert watches it)
 local rows = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
 local ids = {}
 for i = 1, #rows, 2 do

@@ -1,5 +1,6 @@
 -- sweep.lua: calls in flight past their deadline go back to the delay set, due at once,
--- or to the dead-letter set once they have been delivered max-deliveries times.
+-- or to the dead-letter set once they have been delivered max-deliveries times. Each tick's sweep also
+-- forgets the history's oldest minutes (a few at most).
 -- ARGV: 1 most calls to look at, 2 default max deliveries
 -- Returns: {calls put back, calls dead-lettered}.
 local now = now_ms()
@@ -24,6 +25,7 @@ for _, id in ipairs(ids) do
     end
 end
 if requeued > 0 then
-    redis.call('HINCRBY', COUNTERS, 'swept', requeued)
+    count('swept', requeued, now)
 end
+prune_history(now)
 return {requeued, buried}

@@ -1,7 +1,25 @@
-// The few things a list page does better with a script; every page works without it.
+// The few things a page does better with a script; every page works without it.
 "use strict";
 
+// The overview's history charts follow what happens: the server draws the section again every few seconds.
+const HISTORY_EVERY_MS = 10000;
+
+function refreshHistory() {
+  const section = document.getElementById("history");
+  if (!section || document.hidden) return;
+  fetch(section.dataset.refresh, { credentials: "same-origin", headers: { Accept: "text/html" } })
+    .then((response) => (response.ok ? response.text() : Promise.reject(response.status)))
+    .then((html) => {
+      const fresh = document.createElement("div");
+      fresh.innerHTML = html;
+      const replacement = fresh.querySelector("#history");
+      if (replacement) section.replaceWith(replacement);
+    })
+    .catch(() => {}); // Redis or the server is away: keep what is shown, try again next time
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  if (document.getElementById("history")) setInterval(refreshHistory, HISTORY_EVERY_MS);
   for (const form of document.querySelectorAll("form.bulk")) {
     const boxes = () => [...form.querySelectorAll('input[name="ids"]')];
     const all = form.querySelector("[data-select-all]");
