@@ -17,6 +17,7 @@ FIGURES = (
     "park_single",
     "park_bulk",
     "release",
+    "history_cost",
     "release_cluster",
     "worker_memory",
     "lateness",

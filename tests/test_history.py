@@ -121,6 +121,15 @@ def test_minutes_older_than_a_day_are_forgotten_a_few_per_sweep(rd: RedisDelay, 
     assert {f"{m}:parked" for m in kept} <= left, "the last day is kept"
 
 
+def test_the_first_sweep_starts_forgetting_a_day_back(rd: RedisDelay, client: redis.Redis) -> None:
+    key = rd.store.keys.history
+    rd.tick()
+    assert abs(int(client.hget(key, "pruned") or 0) - (redis_minute(client) - KEPT_MINUTES)) <= 1
+    client.hset(key, "pruned", 0)  # as after a day without a sweep: the next ones catch up, ten minutes each
+    rd.tick()
+    assert client.hget(key, "pruned") == b"10"
+
+
 def test_a_day_of_minutes_fits_the_bound(rd: RedisDelay, client: redis.Redis) -> None:
     """The hash holds at most a day of minutes: a minute's fields are forgotten all at once, so the size
     stays under KEPT_MINUTES x the names a minute can hold (plus 'pruned' and 'released_at')."""

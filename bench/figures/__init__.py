@@ -9,6 +9,7 @@ from typing import Any
 from ..context import Context
 from .dashboard import dashboard
 from .e2e import e2e_throughput
+from .history import history_cost
 from .lateness import lateness
 from .park import park_bulk, park_single
 from .redis_memory import redis_memory_per_call
@@ -22,6 +23,7 @@ FIGURES: dict[str, Figure] = {
     "park_single": park_single,
     "park_bulk": park_bulk,
     "release": release,
+    "history_cost": history_cost,
     "worker_memory": worker_memory,
     "lateness": lateness,
     "redis_memory_per_call": redis_memory_per_call,

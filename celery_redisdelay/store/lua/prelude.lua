@@ -61,8 +61,6 @@ local function count(name, n, now)
     redis.call('HINCRBY', COUNTERS, name, n)
     if not history_minute then
         history_minute = string.format('%d', math.floor((now or now_ms()) / 60000))
-        -- the first count ever: nothing older than this minute can be in the history
-        redis.call('HSETNX', HISTORY, 'pruned', string.format('%d', tonumber(history_minute) - 1))
     end
     redis.call('HINCRBY', HISTORY, history_minute .. ':' .. name, n)
 end
@@ -76,11 +74,16 @@ local PRUNE_MINUTES = 10
 
 -- Forget the minutes that are HISTORY_MINUTES old, from the oldest not yet forgotten on.
 local function prune_history(now)
+    local horizon = math.floor(now / 60000) - HISTORY_MINUTES  -- the newest minute to forget
     local pruned = tonumber(redis.call('HGET', HISTORY, 'pruned'))
     if not pruned then
-        return  -- nothing was ever counted
+        -- The first sweep: what was counted before it is less than a day old, since a tick sweeps every few
+        -- seconds wherever calls are released (NoReleaser alerts otherwise). Kept out of count(), which
+        -- every ack runs.
+        redis.call('HSET', HISTORY, 'pruned', string.format('%d', horizon))
+        return
     end
-    local last = math.min(pruned + PRUNE_MINUTES, math.floor(now / 60000) - HISTORY_MINUTES)
+    local last = math.min(pruned + PRUNE_MINUTES, horizon)
     if last <= pruned then
         return
     end
