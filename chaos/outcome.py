@@ -21,6 +21,7 @@ from .analysis import Explainer, WorkerLogs, read_runs, run_counts
 from .cluster import ROOT
 from .config import BROKER_VISIBILITY_TIMEOUT, CLAIM_TIMEOUT, RESTORE_INTERVAL, TICK_INTERVAL
 from .faults import REDIS_KILL
+from .history import check_history
 from .ledger import CALL, DEBOUNCE, FSYNC_BOUND_SECONDS, UNIQUE
 from .recovery import per_fault, recoveries
 from .run import WORKERS, LoggedRetry, Run
@@ -234,6 +235,12 @@ def assemble(run: Run, rd: RedisDelay, outcome: dict[str, Any], error: str | Non
             queue_timeout=run.args.queue_timeout,
         )
     data["losses"] = losses(run, result.get("missing", []))
+    data["history"] = None
+    if report is not None:
+        try:
+            data["history"] = check_history(run, rd, result)
+        except Exception as exc:  # noqa: BLE001 - reported
+            data["history"] = {"ok": False, "error": repr(exc)}
     data["recovery"] = recovery
     if soak is not None:
         data["soak"] = soak
@@ -242,6 +249,9 @@ def assemble(run: Run, rd: RedisDelay, outcome: dict[str, Any], error: str | Non
         soak["leaked_keys"] = [row for part in soak["redis"].values() for row in part["compare"]["leaked_keys"]]
     unexplained = [row for row in data.get("duplicates_explained", []) if not row["allowed"]]
     data.update(verdict(run, result, data["losses"], soak, error))
+    if data["history"] is not None and not data["history"]["ok"]:
+        data["problems"].append("the store's history does not match the ledger")
+        data.update(ok=False, exit_status=1)
     data["unexplained_duplicates"] = len(unexplained)
     data["faults"] = {"list": [fault.as_dict() for fault in run.faults]}
     data["fault_errors"] = run.injector.failure if run.injector is not None else None

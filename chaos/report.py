@@ -121,6 +121,24 @@ def _losses(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _history(data: dict[str, Any]) -> list[str]:
+    history = data.get("history")
+    if not history:
+        return []
+    if "error" in history:
+        return ["", f"  the store's history could not be read: {history['error']}"]
+    lines = [
+        "",
+        f"  the store's history over the run ({history['minutes']} minutes) against the ledger: {history['calls']} "
+        f"calls, {history['lost']} lost, {history['exposed']} exposed, {history['park_retried']} parks retried",
+    ]
+    for row in history["totals"]:
+        high = "no limit" if row["high"] is None else f"{row['high']:,}"
+        verdict = "ok" if row["ok"] else "OUT OF RANGE"
+        lines.append(f"  {row['name']:<14} {row['history']:>8,}   allowed {row['low']:,} .. {high:<10} {verdict}")
+    return lines
+
+
 def _recovery(data: dict[str, Any]) -> list[str]:
     rows = data.get("recovery") or []
     if not rows:
@@ -236,7 +254,15 @@ def _faults(data: dict[str, Any]) -> list[str]:
 def table(data: dict[str, Any]) -> str:
     """The report as text: the figures, the duplicates and missing messages with their explanation, what
     each SIGKILL of Redis cost, the recovery of each fault, the soak's measurements, the faults."""
-    parts = [_summary(data), _explained(data), _losses(data), _recovery(data), _soak(data), _faults(data)]
+    parts = [
+        _summary(data),
+        _explained(data),
+        _losses(data),
+        _history(data),
+        _recovery(data),
+        _soak(data),
+        _faults(data),
+    ]
     return "\n".join(line for part in parts for line in part)
 
 

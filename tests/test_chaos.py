@@ -89,6 +89,10 @@ def test_chaos_run_loses_no_message(tmp_path: Path) -> None:
     assert report["losses"]["missing_other"] == 0, output
     assert report["settings"]["precise_in_worker"] and report["settings"]["max_tasks_per_child"] == 20, output
     assert report["hung_processes"] == [], output
+    # The history, written by the same scripts as the changes it counts, agrees with the ledger after the kills.
+    history = report["history"]
+    assert history["ok"] and history["calls"] == 2000, output
+    assert {row["name"] for row in history["totals"]} >= {"parked", "released", "acked", "swept", "dead_lettered"}
     assert status == 0, output
 
 
