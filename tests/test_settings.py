@@ -333,7 +333,9 @@ def test_a_parked_call_creates_only_hash_tagged_keys(rd: RedisDelay) -> None:
     prefix = rd.settings.key_prefix
     tagged.apply_async((1,), countdown=30)
     created = {key.decode() for key in rd.client.scan_iter(match=f"*{prefix}*")}
-    assert created == {f"{{{prefix}}}:{name}" for name in ("delayed", "payloads", "meta", "wake", "counters", "history")}
+    assert created == {
+        f"{{{prefix}}}:{name}" for name in ("delayed", "payloads", "meta", "wake", "counters", "history")
+    }
     assert len({key_slot(key.encode()) for key in created}) == 1
 
 
