@@ -194,7 +194,7 @@ def test_the_dashboard_draws_and_serves_the_history(make_app: MakeApp, client: r
     fragment = web.get("/history?window=24h")
     assert fragment.status_code == 200
     html = fragment.get_data(as_text=True)
-    assert html.lstrip().startswith("{#") is False and 'id="history"' in html and "per 10 minutes" in html
+    assert "{#" not in html and 'id="history"' in html and "per 10 minutes" in html
     assert 'data-refresh="/history?window=24h"' in html
     api = web.get("/api/history?minutes=7").get_json()
     assert len(api["minutes"]) == 7 and api["totals"] == {name: totals[name] for name in EVENTS}
