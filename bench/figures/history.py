@@ -1,4 +1,5 @@
-"""What the history costs the release and ack paths: the same scripts with and without their per-minute count.
+"""What the history costs the release, ack and park paths: the same scripts with and without their per-minute
+count.
 
 Every script counts each change twice, in the running ``counters`` and in the current minute of ``history``
 (one more ``HINCRBY`` per total a script touches, not per call). The baseline is the package's own scripts with
@@ -31,7 +32,7 @@ MOST_CALLS = 20_000
 HISTORY_WRITES = {
     "prelude": (
         """    if not history_minute then
-        history_minute = string.format('%d', math.floor((now or now_ms()) / 60000))
+        history_minute = string.format('%d', math.floor(now_ms() / 60000))
     end
     redis.call('HINCRBY', HISTORY, history_minute .. ':' .. name, n)
 """
@@ -81,7 +82,8 @@ def evalsha_usec(client: Any) -> float:
 
 
 def one_round(ctx: Context, tpl: Any, n: int, history: bool) -> dict[str, float]:
-    """Release ``n`` due calls with ticks, then acknowledge each: Redis µs and wall µs per call, each path."""
+    """Release ``n`` due calls with ticks, acknowledge each, then park a tenth as many: Redis µs and wall µs per
+    call, each path."""
     rd, client = ctx.bench.rd, ctx.client
     ctx.clear(RELEASE_QUEUE)
     park_copies(ctx.bench, client, tpl, n, 0)
@@ -103,6 +105,15 @@ def one_round(ctx: Context, tpl: Any, n: int, history: bool) -> dict[str, float]
             rd.store.ack(call_id)
         out["ack_wall"] = (time.perf_counter() - started) / n * 1e6
         out["ack_redis"] = evalsha_usec(client) / n
+        # A park counts too (calls parked per minute): one apply_async at a time, an hour away.
+        parks = max(1, n // 10)
+        task = ctx.bench.delayed_noop
+        client.config_resetstat()
+        started = time.perf_counter()
+        for i in range(parks):
+            task.apply_async((i,), countdown=3600)
+        out["park_wall"] = (time.perf_counter() - started) / parks * 1e6
+        out["park_redis"] = evalsha_usec(client) / parks
     ctx.clear(RELEASE_QUEUE)
     return out
 
@@ -126,10 +137,11 @@ def history_cost(ctx: Context) -> dict[str, Any]:
         ctx.say(
             f"  {'with' if history else 'without'} history{'' if counted else ' (warm-up)'}: release "
             f"{measured['release_redis']:.2f} µs/call in Redis ({measured['release_wall']:.1f} wall), ack "
-            f"{measured['ack_redis']:.2f} µs ({measured['ack_wall']:.1f} wall)"
+            f"{measured['ack_redis']:.2f} µs ({measured['ack_wall']:.1f} wall), park {measured['park_redis']:.2f} µs "
+            f"({measured['park_wall']:.1f} wall)"
         )
     rows, details = [], {"calls": n, "rounds": ROUNDS, "measured": {"with": rounds[True], "without": rounds[False]}}
-    for path in ("release", "ack"):
+    for path in ("release", "ack", "park"):
         for where, unit in (("redis", "µs/call in Redis"), ("wall", "µs/call, wall")):
             field = f"{path}_{where}"
             with_history = statistics.median(r[field] for r in rounds[True])

@@ -46,21 +46,26 @@ for i, expected in ipairs(EXPECTED_TYPES) do
     end
 end
 
+-- The Redis clock, read once per script: a script is one instant (and one TIME is all it costs).
+local script_now = nil
 local function now_ms()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if not script_now then
+        local t = redis.call('TIME')
+        script_now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    end
+    return script_now
 end
 
 -- History: every total is also counted per minute, so the dashboard can show what happened over time.
 -- A minute is forgotten once it is HISTORY_MINUTES old (prune_history, run by the sweep of every tick).
 local HISTORY_MINUTES = 1440
-local history_minute = nil  -- the minute this script counts in (read once: a script is one instant)
+local history_minute = nil  -- the minute of now_ms(), as the history's fields spell it
 
--- Add ``n`` to the running total ``name`` and to its count for the current minute (of ``now``, if given).
-local function count(name, n, now)
+-- Add ``n`` to the running total ``name`` and to its count for the current minute.
+local function count(name, n)
     redis.call('HINCRBY', COUNTERS, name, n)
     if not history_minute then
-        history_minute = string.format('%d', math.floor((now or now_ms()) / 60000))
+        history_minute = string.format('%d', math.floor(now_ms() / 60000))
     end
     redis.call('HINCRBY', HISTORY, history_minute .. ':' .. name, n)
 end
@@ -145,7 +150,7 @@ end
 
 -- Move a call to the dead-letter set, keeping its payload for inspection and requeue.
 local function bury(id, meta, why, now)
-    count('dead_lettered', 1, now)
+    count('dead_lettered', 1)
     free_key(id, meta)
     redis.call('ZREM', DELAYED, id)
     redis.call('ZREM', INFLIGHT, id)
@@ -216,7 +221,7 @@ local function flush_group(items_key, group, size, id, meta_json, now)
         store(id, payload, meta_json, now)
         redis.call('HINCRBY', COUNTERS, 'batch_items', -#items)
         redis.call('HINCRBY', COUNTERS, 'batches_flushed', 1)
-        count('parked', 1, now)
+        count('parked', 1)
     end
     if redis.call('LLEN', items_key) == 0 then
         redis.call('ZREM', BATCHES, group)
@@ -273,11 +278,11 @@ local function count_releases(rows, skipped, now)
         end
     end
     if total > 0 then
-        count('released', total, now)
+        count('released', total)
         redis.call('HINCRBY', COUNTERS, 'late_ms_sum', sum)
         for index, n in pairs(counts) do
             if n > 0 then
-                count('late_le_' .. (LATENESS_BOUNDS[index] or 'inf'), n, now)
+                count('late_le_' .. (LATENESS_BOUNDS[index] or 'inf'), n)
             end
         end
     end

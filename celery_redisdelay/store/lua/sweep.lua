@@ -25,7 +25,7 @@ for _, id in ipairs(ids) do
     end
 end
 if requeued > 0 then
-    count('swept', requeued, now)
+    count('swept', requeued)
 end
 prune_history(now)
 return {requeued, buried}
