@@ -5,7 +5,10 @@ exactly when it loses the change: the history must still agree with what survive
 (a fresh store), with N calls acknowledged to the producer, ``lost`` of them gone in a kill, ``exposed``
 parks within Redis's loss bound before the kills, and ``retried`` parks the runner sent again:
 
-- parked: N - lost to N - lost + retried (a retried park whose first attempt was stored counts twice);
+- parked: N - lost to N - lost + retried. A park sent again after its reply was lost is counted once while
+  its call still waits (park.lua), so only a call released between the two attempts counts twice; the runner
+  notes a park as retried when its thread saw a command fail, on redis-py's retries and on the store's own
+  direct path alike (run.py);
 - acknowledged: N - lost - exposed to N - lost (a call run from the broker although its park was lost
   finds nothing to acknowledge, and only a call within the bound can be one);
 - dead-lettered as the validation counted; nothing cancelled, revoked or expired;

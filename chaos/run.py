@@ -93,7 +93,25 @@ class LoggedRetry(Retry):
         return any(record["thread"] == me for record in cls.log[mark:])
 
 
-class MasterSeekingConnection(SentinelManagedConnection):
+class NotedFailures:
+    """A connection that notes each failed command in :attr:`LoggedRetry.log`, with its thread, before it
+    raises: the store's direct script path (``store/evalsha.py``) sends a call again through redis-py after a
+    failure of its own, which redis-py's retry policy never sees, and a park sent twice may be stored twice."""
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            thread = threading.current_thread().name
+            LoggedRetry.log.append({"t": round(time.time(), 4), "thread": thread, "error": repr(exc)[:200]})
+            raise
+
+
+class NotingConnection(NotedFailures, redis.Connection):
+    pass
+
+
+class MasterSeekingConnection(NotedFailures, SentinelManagedConnection):
     """A Sentinel-managed connection that asks the Sentinels for the master whenever it connects again.
 
     redis-py's own reconnects inside a command's retries to the address it had (redis-py#3874): after a
@@ -118,6 +136,8 @@ def retrying_client(settings: Settings) -> Any:
     }
     if settings.url.startswith(SENTINEL_SCHEMES):
         options["connection_class"] = MasterSeekingConnection
+    elif settings.url.startswith("redis://"):
+        options["connection_class"] = NotingConnection
     return connect(dataclasses.replace(settings, connection_options=options))
 
 

@@ -2,17 +2,26 @@
 SIGKILLs of Redis and dropped connections, with pool processes forked anew every 20 tasks beside the workers'
 precise releaser threads, no validation message goes missing but what Redis's own bound allows a SIGKILL to lose
 and no pool process hangs; a one-minute soak with the broker on its own Redis leaves no key behind. Timings are
-not judged here. Also the runner's ledger, which tells an acknowledged park that Redis lost, against a real server."""
+not judged here. Also the runner's ledger, which tells an acknowledged park that Redis lost, against a real server,
+and a park whose reply is lost on the way back, retried by the client: the history counts it once, as the ledger
+does."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
+import redis
+from celery import Celery
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.operations.history import read_history
 from chaos.ledger import CALL, FSYNC_BOUND_SECONDS, Ledger, exposure
 
 from .conftest import run_module
@@ -133,4 +142,73 @@ def test_the_ledger_finds_an_acknowledged_park_that_is_gone(rd: RedisDelay, tmp_
         lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
         assert [json.loads(line)["id"] for line in lines] == ids
     finally:
+        ledger.close()
+
+
+class LosingReplies(redis.Connection):
+    """A connection that reads the server's reply to a script call naming an armed call id, then drops it as a
+    broken connection would: the script ran on the real server, and the client never hears that it did."""
+
+    armed: ClassVar[dict[str, int]] = {}  # call id -> replies still to drop
+    dropped: ClassVar[list[str]] = []
+    lock = threading.Lock()
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        packed = b"".join(command) if isinstance(command, list) else command
+        self._about = next((i for i in self.armed if i.encode() in packed and b"EVALSHA" in packed), None)
+        super().send_packed_command(command, check_health)
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        reply = super().read_response(*args, **kwargs)
+        about = getattr(self, "_about", None)
+        with self.lock:
+            if about is not None and self.armed.get(about, 0) > 0:
+                self.armed[about] -= 1
+                self.dropped.append(about)
+                self.disconnect()
+                raise redis.ConnectionError(f"the reply to the park of {about} was lost")
+        return reply
+
+
+@pytest.mark.parametrize("drops", [1, 2], ids=["the-direct-path-tries-again", "redis-py-retries-too"])
+def test_a_park_whose_reply_was_lost_is_counted_once(
+    make_app: Callable[..., tuple[Celery, RedisDelay]], tmp_path: Path, drops: int
+) -> None:
+    """The park lands, its reply is dropped, the client sends it again (the store's direct path falls back to
+    redis-py's, which retries under the client's policy): the history and the ledger agree on every count."""
+    _, rd = make_app(
+        redisdelay_connection_options={
+            "connection_class": LosingReplies,
+            "retry": Retry(NoBackoff(), 3),
+            "retry_on_error": [redis.ConnectionError],
+        }
+    )
+
+    @rd.delayed(name="tests.chaos.lost_reply")
+    def noop(run_id: str, number: int) -> None:
+        return None
+
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    try:
+        unlucky = rd.shards.new_id()
+        LosingReplies.armed[unlucky] = drops
+        for number in range(5):
+            options = {"task_id": unlucky} if number == 2 else {}
+            ledger.record(noop.apply_async(("run", number), countdown=60, **options).id, number, CALL)
+        assert LosingReplies.dropped.count(unlucky) == drops, "the park's reply was lost"
+        ids = [entry.id for entry in ledger.entries]
+        assert unlucky in ids and rd.stats()["delayed"] == 5
+
+        for call_id in ids:  # due now: released, then run to an end
+            store = rd.shards.home(call_id)
+            store.client.zadd(store.keys.delayed, {call_id: 0})
+        assert rd.tick()["released"] == 5
+        assert all(rd.shards.first(i, lambda store, i=i: store.ack(i)) for i in ids)
+
+        totals = read_history(rd.depot, 5).totals()
+        assert {name: totals[name] for name in ("parked", "released", "acked")} == dict.fromkeys(
+            ("parked", "released", "acked"), len(ledger.calls_before(float("inf")))
+        )
+    finally:
+        LosingReplies.armed.pop(unlucky, None)
         ledger.close()

@@ -1,5 +1,9 @@
 -- park.lua: store a call and schedule it; replaces any earlier call with the same id
 -- (that is how a task's retry parks itself again).
+-- The history counts a park once per call parked: the same call parked again while it waits (the same id
+-- and the same envelope, say a client's retry after the reply to a park that landed was lost) moves its due
+-- time but is not counted again. A retry by self.retry() is counted: its call was in flight, and its envelope
+-- says it is a retry. A debounce replaces on purpose and is counted.
 -- ARGV: 1 id, 2 envelope, 3 meta JSON, 4 'in' (ARGV[5] is a countdown) or 'at' (ARGV[5] is a due time),
 --       5 milliseconds, 6 '' or 'unique' or 'debounce', 7 the unique/debounce key (already in meta.k)
 -- Returns: {status, due time (ms, server clock), id}
@@ -19,8 +23,12 @@ if mode == 'unique' or mode == 'debounce' then
     end
     store(id, ARGV[2], ARGV[3], due)
     redis.call('HSET', INDEX, key, id)
+    count('parked', 1)
 else
+    local again = redis.call('ZSCORE', DELAYED, id) and redis.call('HGET', PAYLOADS, id) == ARGV[2]
     store(id, ARGV[2], ARGV[3], due)
+    if not again then
+        count('parked', 1)
+    end
 end
-count('parked', 1)
 return {1, due, id}
