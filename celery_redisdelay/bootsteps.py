@@ -1,5 +1,5 @@
-"""The steps the extension adds to every worker of an app: a precise releaser thread, durable revokes, and
-parking the eta messages the worker receives.
+"""The steps the extension adds to every worker of an app: leases on the calls it holds, a precise releaser
+thread, durable revokes, and parking the eta messages the worker receives.
 
 ``RedisDelay(app)`` adds them to ``app.steps["worker"]`` by name; each finds the app's extension when the
 worker starts and hands the layers below it what they need.
@@ -11,15 +11,52 @@ import logging
 import threading
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, signals
 from celery.utils.functional import maybe_list
 
 from .extension import RedisDelay
 from .release.precise import PreciseReleasers
+from .worker.leases import Leases, delivery_tag, running_ids
 from .worker.received import ReceivedParking
-from .worker.tracking import drop_revoked
+from .worker.tracking import drop_revoked, parks_calls_of
 
 logger = logging.getLogger(__name__)
+
+
+class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
+    """The worker's main process holds the calls it receives under leases (:mod:`celery_redisdelay.worker.leases`),
+    taken and renewed in batches by a thread. On a warm stop the calls not started are given back; the thread
+    renews the running ones until they end."""
+
+    label = "redisdelay leases"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.leases: Leases | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self, worker: Any) -> None:
+        depot = RedisDelay.of(worker.app).depot
+
+        def owns(request: Any) -> bool:
+            return parks_calls_of(depot, getattr(request, "task", None))
+
+        leases = self.leases = Leases(depot, worker.hostname, owns)
+
+        def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+            if request is not None and getattr(sender, "app", None) is depot.app and owns(request):
+                leases.received(request.id, delivery_tag(request))
+
+        signals.task_received.connect(on_received, weak=False, dispatch_uid=f"redisdelay-leases-{id(self)}")
+        self.thread = threading.Thread(target=leases.run, name="redisdelay-leases", daemon=True)
+        self.thread.start()
+
+    def stop(self, worker: Any) -> None:
+        signals.task_received.disconnect(dispatch_uid=f"redisdelay-leases-{id(self)}")
+        if self.leases is not None:
+            self.leases.close(running_ids())
+
+    terminate = stop  # a cold stop too: kombu puts the messages of the calls not started back in the queue
 
 
 class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped

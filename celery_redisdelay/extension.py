@@ -89,6 +89,7 @@ class RedisDelay:
         register_validation_tasks(self.depot, self.delayed)
         tracking.connect(self.depot)
         # By name: the steps find this extension when a worker starts (celery_redisdelay.bootsteps).
+        app.steps["worker"].add("celery_redisdelay.bootsteps:LeaseStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:PreciseReleaseStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:DurableRevokeStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:ParkReceivedStep")

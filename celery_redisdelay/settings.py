@@ -37,6 +37,8 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_all_tasks": False,
     "redisdelay_park_received": None,
     "redisdelay_park_received_after": 1.0,
+    "redisdelay_lease": 30.0,
+    "redisdelay_lease_renewal": 10.0,
 }
 
 
@@ -80,6 +82,10 @@ class Settings:
     park_received: bool = False
     #: ... whose eta is more than this many seconds away (nearer ones it runs as Celery does).
     park_received_after: float = 1.0
+    #: A worker holds the calls it has received under a lease this long, renewed every ``lease_renewal``
+    #: seconds: a call whose lease runs out (its worker died) is delivered again.
+    lease: float = 30.0
+    lease_renewal: float = 10.0
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -124,6 +130,13 @@ class Settings:
             raise ConfigurationError(
                 f"redisdelay_park_received_after must be a number of seconds >= 0, not {park_received_after!r}"
             )
+        lease = float(positive_setting(conf, "redisdelay_lease"))
+        lease_renewal = float(positive_setting(conf, "redisdelay_lease_renewal"))
+        if lease <= lease_renewal:
+            raise ConfigurationError(
+                f"redisdelay_lease ({lease:g} s) must be longer than redisdelay_lease_renewal ({lease_renewal:g} s): "
+                "a lease must outlast the wait for its renewal (the defaults are 30 and 10)"
+            )
         queue_timeout = conf.get("redisdelay_queue_timeout")
         if queue_timeout is None:
             # Outlast the broker's own visibility timeout: kombu restores messages a dead worker had
@@ -152,6 +165,8 @@ class Settings:
             all_tasks=all_tasks,
             park_received=all_tasks if park_received is None else park_received,
             park_received_after=float(park_received_after),
+            lease=lease,
+            lease_renewal=lease_renewal,
         )
 
 

@@ -120,6 +120,16 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
         notes.add(rd, key, self.request)
         return True
 
+    @rd.delayed(name="pools.sleep", bind=True)
+    def sleep(self: Any, key: str, seconds: float) -> float:
+        """Note the start (with the worker running it), sleep ``seconds`` (or what ``<key>:sleep`` says, when
+        set), note the end."""
+        notes.add(rd, key, self.request, at="start", worker=self.request.hostname)
+        told = notes.client().get(f"{key}:sleep")
+        time.sleep(float(told) if told is not None else seconds)
+        notes.add(rd, key, self.request, at="end", worker=self.request.hostname)
+        return seconds
+
     @rd.delayed(name="pools.abandon_once", bind=True, timeout=1)
     def abandon_once(self: Any, key: str) -> int:
         """Abandon the first delivery (the sweep brings it back after the 1 s timeout), finish the second."""

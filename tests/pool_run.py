@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 class PoolRun:
     """A worker of ``tests.pool_proj`` with one pool, and the same app in the test process."""
 
-    def __init__(self, server: RedisServer, pool: str, concurrency: int, conf: dict[str, Any]) -> None:
+    def __init__(
+        self, server: RedisServer, pool: str, concurrency: int, conf: dict[str, Any], hostname: str | None = None
+    ) -> None:
         self.prefix = f"pools-{uuid.uuid4().hex[:8]}"
         self.conf = {
             "broker_url": f"{server.url}/0",
@@ -32,12 +34,16 @@ class PoolRun:
         }
         self.env = {pool_proj.ENV: json.dumps(self.conf), "PYTHONPATH": str(ROOT)}
         self.pool, self.concurrency = pool, concurrency
-        self.worker = self.new_worker()
+        self.worker = self.new_worker(hostname)
         self.app, self.rd = pool_proj.make_app(self.conf, name=f"pools-{self.prefix}")
         self.marks = redis.Redis.from_url(f"{server.url}/2")
 
-    def new_worker(self) -> CeleryProcess:
-        return worker("tests.pool_proj", pool=self.pool, concurrency=self.concurrency, env=self.env, cwd=str(ROOT))
+    def new_worker(self, hostname: str | None = None) -> CeleryProcess:
+        """A worker of this run's app and pool (not started); ``hostname``: its node name (``name@host``)."""
+        extra = [f"--hostname={hostname}"] if hostname else []
+        return worker(
+            "tests.pool_proj", pool=self.pool, concurrency=self.concurrency, env=self.env, cwd=str(ROOT), extra=extra
+        )
 
     def restart_after_kill(self) -> None:
         """SIGKILL the worker and its pool processes, as a crash would, and start a new one."""
@@ -77,8 +83,10 @@ class PoolRun:
 
 
 @contextlib.contextmanager
-def pool_worker(server: RedisServer, pool: str, *, concurrency: int = 2, **conf: Any) -> Iterator[PoolRun]:
-    run = PoolRun(server, pool, concurrency, conf)
+def pool_worker(
+    server: RedisServer, pool: str, *, concurrency: int = 2, hostname: str | None = None, **conf: Any
+) -> Iterator[PoolRun]:
+    run = PoolRun(server, pool, concurrency, conf, hostname)
     run.worker.start()
     try:
         wait_for(lambda: "ready." in run.worker.output(), 60, f"the {pool} worker to be ready")

@@ -51,6 +51,8 @@ SETTINGS = {
     "connection_options", "wait_replicas", "wait_timeout",
     # added since: whole-app adoption
     "all_tasks", "park_received", "park_received_after",
+    # added since: leases held by the worker
+    "lease", "lease_renewal",
 }  # fmt: skip
 COMMANDS = {
     "cancel", "exporter", "list", "purge", "releaser", "requeue", "reschedule", "run-now", "show", "status",

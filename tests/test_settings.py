@@ -175,6 +175,8 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_all_tasks",
         "redisdelay_park_received",
         "redisdelay_park_received_after",
+        "redisdelay_lease",
+        "redisdelay_lease_renewal",
     }
 
 

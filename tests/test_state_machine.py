@@ -85,6 +85,7 @@ class Call:
     fast: bool = False  # payload is a broker message of the fast path
     items: tuple[int, ...] = ()  # a batch call's items
     why: bool = False
+    x: bool = False  # meta "x": the hard end of a run under the task's own timeout (its value is the clock's)
 
     @property
     def live(self) -> bool:
@@ -249,7 +250,7 @@ class StoreMachine(RuleBasedStateMachine):
         call = self.live(call_id)
         assert call is not None
         self.free_key(call_id, call)
-        call.state, call.s, call.why = "dead", "dead", True
+        call.state, call.s, call.why, call.x = "dead", "dead", True, False
 
     def ordered(self, state: str, limit: int) -> list[str]:
         """The due (or expired) ids a script takes: lowest score first, ties by member, at most ``limit``."""
@@ -339,7 +340,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert isinstance(payload, bytes)
         assert payload.startswith(b'{"body": "')
         assert payload.endswith(f'"delivery_tag": "{call_id}.1"}}}}'.encode()), payload[-80:]
-        meta = {"t": echo.name, "m": max_deliveries, "r": round(run_s * 1000), "q": round(queue_s * 1000)}
+        meta = {"t": echo.name, "m": max_deliveries, "r": round(run_s * 1000), "q": round(queue_s * 1000), "o": 1}
         meta["l"] = self.env.queue
         stored = Call("delayed", "delayed", 0, payload, meta, key=index_key, soon=countdown == 0, fast=True)
         self.store_call(call_id, stored)
@@ -372,7 +373,7 @@ class StoreMachine(RuleBasedStateMachine):
                 queue_timeout=queue_s,
                 max_deliveries=max_deliveries,
             )
-        meta = {"t": echo.name, "m": max_deliveries, "r": round(run_s * 1000), "q": round(queue_s * 1000)}
+        meta = {"t": echo.name, "m": max_deliveries, "r": round(run_s * 1000), "q": round(queue_s * 1000), "o": 1}
         meta["l"] = self.env.queue
         assert len({result.id for result in results}) == count
         for result in results:
@@ -496,6 +497,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.start(call_id, default_r) == status
         if call is not None and status:
             call.state, call.s, call.soon = "inflight", "running", self.timeout_of(call, "r", default_r) == SOON
+            call.x = "o" in call.meta_base
 
     @precondition(lambda self: self.any_call(is_inflight))
     @rule(data=st.data(), timeout=st.sampled_from([SOON, FAR]))
@@ -529,7 +531,7 @@ class StoreMachine(RuleBasedStateMachine):
                 self.bury(call_id)
                 buried += 1
             else:
-                call.state, call.s, call.soon = "delayed", "swept", True
+                call.state, call.s, call.soon, call.x = "delayed", "swept", True, False
                 requeued += 1
         assert self.store.sweep(limit, default_m) == (requeued, buried)
 
@@ -647,6 +649,7 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             assert status == 0
             call.state, call.s, call.d, call.w = "delayed", "deferred", max(call.d - 1, 0), call.w + 1
+            call.x = False
             call.soon = retry == SOON
             self.may_decrease.add(call_id)
             self.lock_deferrals += 1
@@ -782,6 +785,8 @@ class StoreMachine(RuleBasedStateMachine):
             meta = dict(snap.meta[call_id])
             assert ("why" in meta) is call.why, (call_id, meta)
             meta.pop("why", None)
+            assert ("x" in meta) is call.x, (call_id, meta)
+            meta.pop("x", None)
             assert meta == call.expected_meta(), (call_id, meta, call)
 
         # Due times and deadlines: soon ones have passed, far ones are far.

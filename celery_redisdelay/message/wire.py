@@ -35,6 +35,8 @@ class BrokerLayout:
     global_keyprefix: str = ""
     sep: str = "\x06\x16"
     priority_steps: tuple[int, ...] = (0, 3, 6, 9)
+    unacked_key: str = "unacked"
+    unacked_index_key: str = "unacked_index"
 
     @classmethod
     def of(cls, app: Celery) -> BrokerLayout:
@@ -43,7 +45,13 @@ class BrokerLayout:
             global_keyprefix=str(options.get("global_keyprefix", "")),
             sep=str(options.get("sep", cls.sep)),
             priority_steps=tuple(options.get("priority_steps", cls.priority_steps)),
+            unacked_key=str(options.get("unacked_key", cls.unacked_key)),
+            unacked_index_key=str(options.get("unacked_index_key", cls.unacked_index_key)),
         )
+
+    def unacked_keys(self) -> tuple[str, str]:
+        """kombu's hash of the deliveries workers hold unacknowledged, and its index by time."""
+        return self.global_keyprefix + self.unacked_key, self.global_keyprefix + self.unacked_index_key
 
     def list_key(self, queue: str, priority: int) -> str:
         """The list kombu pushes a message of ``priority`` for ``queue`` onto (``Channel._q_for_pri``)."""

@@ -137,12 +137,15 @@ class CallRules:
             limit = self.max_deliveries if self.max_deliveries is not None else settings.max_deliveries
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
             raise ConfigurationError(f"max_deliveries must be an integer >= 0 (0: no limit), not {limit!r}")
-        return Limits(
+        limits = Limits(
             t=self.name,
             m=limit,
             r=round(seconds(run, "visibility_timeout") * 1000),
             q=round(seconds(queue, "queue_timeout") * 1000),
         )
+        if overrides["visibility_timeout"] or self.visibility_timeout:
+            limits["o"] = 1  # the task's own run timeout: a hard end of its run, which no lease renewal passes
+        return limits
 
     # -- the lock a call holds while it runs ---------------------------------------------------------
 

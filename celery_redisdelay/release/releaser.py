@@ -133,6 +133,7 @@ class Releaser:
         new_id: Callable[[], str] = uuid,
         in_script: bool = True,
         send_task: SendTask | None = None,
+        unacked: tuple[str, str] | tuple[()] = (),
     ) -> None:
         self.app = app
         self.store = store
@@ -146,12 +147,15 @@ class Releaser:
         #: What the last release script said (the fast path): when to look again, whether a batch group is due.
         self.last_release: Released | None = None
         self.new_id = new_id  # ids of flushed batches: they must belong to this store's shard
+        #: kombu's unacked hash and index, where the broker is the store's Redis: a swept call's held delivery
+        #: leaves them, so kombu does not restore it too (sweep.lua).
+        self.unacked = unacked
 
     # Each step is one bounded script call and says whether more may be left.
 
     def sweep_step(self, report: TickReport) -> bool:
         batch = self.settings.release_batch
-        requeued, dead = self.store.sweep(batch, self.settings.max_deliveries)
+        requeued, dead = self.store.sweep(batch, self.settings.max_deliveries, self.unacked)
         report.requeued += requeued
         report.dead += dead
         return requeued + dead >= batch
@@ -304,6 +308,7 @@ class Releasers:
                 new_id=lambda: depot.shards.new_id(store),
                 in_script=depot.fast_release,
                 send_task=self.send_task,
+                unacked=depot.broker_layout.unacked_keys() if depot.fast_release else (),
             )
             self._made[store.keys.tag] = made
         return made

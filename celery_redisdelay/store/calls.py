@@ -255,8 +255,10 @@ class CallStore:
             return 0
         return int(self._run("unclaim", list(call_ids), "give back unpublished calls"))
 
-    def start(self, call_id: str, run_timeout_ms: int) -> int:
-        return int(self._run("start", [call_id, run_timeout_ms], f"mark call {call_id} started"))
+    def start(self, call_id: str, run_timeout_ms: int, lease_ms: int = 0, worker: str = "") -> int:
+        """Mark a call started by ``worker``, under a lease of ``lease_ms`` (0: its run timeout alone):
+        1 tracked, 2 taken back from the delay set (the sweep had put it back), 0 unknown."""
+        return int(self._run("start", [call_id, run_timeout_ms, lease_ms, worker], f"mark call {call_id} started"))
 
     def touch(self, call_id: str, timeout_ms: int) -> bool:
         return bool(self._run("touch", [call_id, timeout_ms], f"extend the deadline of call {call_id}"))
@@ -267,9 +269,29 @@ class CallStore:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
         return bool(self._run("ack", [call_id, outcome], f"acknowledge call {call_id}"))
 
-    def sweep(self, limit: int, max_deliveries: int) -> tuple[int, int]:
-        requeued, buried = self._run("sweep", [limit, max_deliveries], "sweep timed-out calls")
+    def sweep(self, limit: int, max_deliveries: int, unacked: Sequence[str] = ()) -> tuple[int, int]:
+        """Deliver again the calls past their in-flight deadline (dead-letter those out of deliveries); with
+        ``unacked`` (kombu's unacked hash and index, where the broker is this Redis), the deliveries their
+        workers held leave kombu's hash. (calls put back, calls dead-lettered)."""
+        requeued, buried = self._run("sweep", [limit, max_deliveries], "sweep timed-out calls", unacked)
         return int(requeued), int(buried)
+
+    def lease(self, worker: str, lease_ms: int, held: Sequence[tuple[str, str]], total: int) -> list[str]:
+        """Hold ``held`` calls (id, kombu delivery tag; 1 to 1,000) for ``worker`` for ``lease_ms`` from now,
+        taking those no other worker holds; ``total``: the calls the worker holds here in all. The ids it
+        could not hold (unknown, finished, held by another worker)."""
+        return self._leases("hold", worker, lease_ms, held, total)
+
+    def give_back(self, worker: str, lease_ms: int, held: Sequence[tuple[str, str]]) -> list[str]:
+        """``worker`` gives back the calls it holds that have not started (their messages go back to the
+        broker's queue): each is queued again with its queue timeout. The ids it did not hold."""
+        return self._leases("give", worker, lease_ms, held, 0)
+
+    def _leases(self, op: str, worker: str, lease_ms: int, held: Sequence[tuple[str, str]], total: int) -> list[str]:
+        ids = _step([call_id for call_id, _ in held])
+        pairs = [value for call in held for value in call]
+        action = f"{'renew the leases of' if op == 'hold' else 'give back'} {_which(ids)}"
+        return _texts(self._run("lease", [worker, lease_ms, op, total, *pairs], action, [self.keys.workers]))
 
     def bury(self, call_id: str, reason: str, *, only_inflight: bool = False) -> bool:
         """Dead-letter a call with ``reason``; with ``only_inflight``, only if it is in flight now."""

@@ -75,6 +75,11 @@ class Keyspace:
         return self._key("history")
 
     @property
+    def workers(self) -> str:
+        """The workers holding leases on calls of this store: how many each holds, when it last renewed."""
+        return self._key("workers")
+
+    @property
     def store_keys(self) -> list[str]:
         """The ten keys every store script receives, in the order the scripts expect."""
         return [

@@ -8,7 +8,7 @@ then keep the delivery count and phase as the call moves (see README, the life o
 from __future__ import annotations
 
 import json
-from typing import TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
 
 class Limits(TypedDict):
@@ -18,6 +18,7 @@ class Limits(TypedDict):
     m: int  # deliveries before it is dead-lettered (0: no limit)
     r: int  # run timeout: ms a started call may run before the sweep delivers it again
     q: int  # queue timeout: ms a released call may wait in the broker queue
+    o: NotRequired[int]  # 1: r is the task's own timeout, a hard end of a run under a lease
 
 
 class CallMeta(TypedDict, total=False):
@@ -34,6 +35,10 @@ class CallMeta(TypedDict, total=False):
     s: str  # phase: delayed | claimed | queued | running | swept | deferred | dead
     w: int  # deferrals behind a busy lock
     why: str  # why it was dead-lettered
+    o: int  # 1: r is the task's own timeout
+    h: str  # the worker holding it under a lease (worker/leases.py)
+    g: str  # kombu's delivery tag of the delivery that worker holds
+    x: int  # the hard end of its run (ms): started + r, when r is the task's own
 
 
 def routed(limits: Limits, list_key: str) -> CallMeta:

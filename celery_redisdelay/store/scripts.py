@@ -39,6 +39,7 @@ STORE_SCRIPTS = (
     "reschedule_many",
     "requeue_many",
     "adopt",
+    "lease",
 )
 STANDALONE_SCRIPTS = ("validate_consume", "lock_extend")
 

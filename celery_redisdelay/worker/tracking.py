@@ -68,10 +68,7 @@ def connect(depot: Depot) -> None:
     untracked: set[str] = set()  # runs of calls the store does not know, until they end
 
     def ours(task: Any) -> bool:
-        if getattr(task, "depot", None) is depot:
-            return True
-        settings = depot.settings
-        return (settings.all_tasks or settings.park_received) and adoptable(task) and _app_of(task) is depot.app
+        return parks_calls_of(depot, task)
 
     def owns(task: Any) -> bool:
         return ours(task) and not getattr(task.request, "is_eager", False)
@@ -79,9 +76,13 @@ def connect(depot: Depot) -> None:
     def on_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
         if task_id is None or not owns(sender):
             return
+        # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
+        # for this worker too, should it come first.
+        worker = getattr(sender.request, "hostname", None) or ""
+        settings = depot.settings  # read once the app is configured
+        timeout_ms, lease_ms = round(settings.visibility_timeout * 1000), round(settings.lease * 1000)
         try:
-            timeout_ms = round(depot.settings.visibility_timeout * 1000)
-            if not depot.shards.first(task_id, lambda store: store.start(task_id, timeout_ms)):
+            if not depot.shards.first(task_id, lambda store: store.start(task_id, timeout_ms, lease_ms, worker)):
                 untracked.add(task_id)
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not mark call %s started: %s", task_id, exc)
@@ -128,6 +129,15 @@ def connect(depot: Depot) -> None:
     signals.task_failure.connect(on_failure, weak=False)
     signals.task_revoked.connect(on_revoked, weak=False)
     signals.task_unknown.connect(on_unknown, weak=False)
+
+
+def parks_calls_of(depot: Depot, task: Any) -> bool:
+    """Whether ``task``'s calls may be parked in ``depot``: its app's delayed tasks, and its plain tasks
+    where ``redisdelay_all_tasks`` or ``redisdelay_park_received`` parks their delayed calls."""
+    if getattr(task, "depot", None) is depot:
+        return True
+    settings = depot.settings
+    return (settings.all_tasks or settings.park_received) and adoptable(task) and _app_of(task) is depot.app
 
 
 def _app_of(task: Any) -> Any:

@@ -32,6 +32,7 @@ if ttl >= 0 then
 end
 local meta = load_inflight_meta(id)
 meta.s = 'deferred'
+unheld(meta)
 meta.d = math.max((tonumber(meta.d) or 1) - 1, 0)  -- a deferral is not a failed delivery
 meta.w = (tonumber(meta.w) or 0) + 1
 save_meta(id, meta)

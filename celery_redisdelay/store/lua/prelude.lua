@@ -11,7 +11,9 @@
 --       s state (delayed | claimed | queued | running | swept | deferred | dead), why (dead reason);
 --       in flight, 'delayed' with d 0 stands for queued, d 1 (see load_inflight_meta),
 --       k the unique/debounce key the call holds while it is parked, w deferrals behind a busy lock,
---       l the queue list a stored broker message goes to (the fast release path, see release.lua)
+--       l the queue list a stored broker message goes to (the fast release path, see release.lua),
+--       o 1 when r is the task's own timeout; under a lease (lease.lua): h the worker holding the call,
+--       g kombu's delivery tag of the delivery it holds, x the hard end of its run (start + r, when o)
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
 --   KEYS[8] counters  hash  batch_items (items waiting in all groups), and running totals for metrics:
@@ -148,6 +150,12 @@ local function free_key(id, meta)
     end
 end
 
+-- A call leaves the worker that held it (swept, deferred behind a lock, dead-lettered): no one holds it, and
+-- its run's hard end goes with the run (see lease.lua).
+local function unheld(meta)
+    meta.h, meta.g, meta.x = nil, nil, nil
+end
+
 -- Move a call to the dead-letter set, keeping its payload for inspection and requeue.
 local function bury(id, meta, why, now)
     count('dead_lettered', 1)
@@ -156,6 +164,7 @@ local function bury(id, meta, why, now)
     redis.call('ZREM', INFLIGHT, id)
     meta.s = 'dead'
     meta.why = why
+    unheld(meta)
     save_meta(id, meta)
     redis.call('ZADD', DEAD, now, id)
 end

@@ -1,0 +1,71 @@
+-- lease.lua: a worker's main process holds the calls it has received (reserved or running) under a lease,
+-- and renews all of them in one call per renewal period (worker/leases.py). A call whose lease runs out is
+-- past its in-flight deadline, and the sweep delivers it again: a dead worker's calls come back within a
+-- lease, not after the queue or run timeout. Metadata (see prelude.lua): h the worker holding the call,
+-- g kombu's delivery tag of the delivery it holds, x the hard end of its run (the task's own timeout, set
+-- at start).
+-- KEYS[11]: the workers hash, worker -> {"n": calls it holds here, "at": when it last renewed (ms)}.
+-- ARGV: 1 worker, 2 lease (ms), 3 'hold' or 'give', 4 calls the worker holds in this store in all (-1: not
+--       said, the workers hash is left as it is), then id, delivery tag for each call (at most a thousand)
+--   hold: take each call in flight that no other worker holds, or renew it; its deadline becomes
+--         now + lease, or later if touch() set a later one, and never past x.
+--   give: the worker gives back the calls it holds that have not started (a warm shutdown: kombu puts
+--         their messages back in the queue): each is queued again with its queue timeout.
+-- Returns: the ids of the calls not held (hold: unknown, finished, or held by another worker; give: not
+-- held by this worker).
+local WORKERS = KEYS[11]
+local wrong = check_type(WORKERS, 'hash')
+if wrong then
+    return wrong
+end
+local worker, lease, op = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local now = now_ms()
+local missed = {}
+for i = 5, #ARGV, 2 do
+    local id, tag = ARGV[i], ARGV[i + 1]
+    local score = redis.call('ZSCORE', INFLIGHT, id)
+    local meta = score and load_inflight_meta(id)
+    if not meta or (meta.h ~= nil and meta.h ~= worker) then
+        missed[#missed + 1] = id
+    elseif op == 'hold' then
+        local deadline = now + lease
+        if meta.h == worker then
+            deadline = math.max(tonumber(score), deadline)  -- a renewal keeps what touch() gave
+        else
+            meta.h = worker
+            if tag ~= '' then
+                meta.g = tag
+            end
+            save_meta(id, meta)
+        end
+        local hard = meta.s == 'running' and tonumber(meta.x)
+        if hard and hard < deadline then
+            deadline = hard
+        end
+        if deadline ~= tonumber(score) then
+            redis.call('ZADD', INFLIGHT, deadline, id)
+        end
+    elseif meta.h == worker and meta.s ~= 'running' then
+        meta.h, meta.g, meta.s = nil, nil, 'queued'
+        save_meta(id, meta)
+        redis.call('ZADD', INFLIGHT, now + (tonumber(meta.q) or lease), id)
+    else
+        missed[#missed + 1] = id
+    end
+end
+-- What each worker holds, for status and metrics; a worker that holds nothing, or has not renewed for
+-- three leases (it died), is forgotten. One field per live worker: the walk is as long as the fleet.
+local held = tonumber(ARGV[4])
+if op == 'hold' and held > 0 then
+    redis.call('HSET', WORKERS, worker, cjson.encode({n = held, at = now}))
+elseif held == 0 then
+    redis.call('HDEL', WORKERS, worker)
+end
+local fields = redis.call('HGETALL', WORKERS)
+for i = 1, #fields, 2 do
+    local ok, seen = pcall(cjson.decode, fields[i + 1])
+    if not ok or type(seen) ~= 'table' or (tonumber(seen.at) or 0) < now - 3 * lease then
+        redis.call('HDEL', WORKERS, fields[i])
+    end
+end
+return missed

@@ -1,0 +1,220 @@
+"""Leases: a worker's main process holds every parked call it has received, reserved or running.
+
+Without a lease, a call's in-flight deadline is its queue timeout while it waits in a worker (two hours
+by default) and its run timeout once started (an hour): a worker that dies costs its calls that long.
+With one, the worker's main process (the one that consumes messages, under every pool) takes each call
+it receives (``task_received``) in batches of up to :data:`TAKE_BATCH` calls gathered for at most
+:data:`TAKE_WINDOW_SECONDS`, and renews all the calls it holds in one script per shard every
+``redisdelay_lease_renewal`` seconds (up to 1,000 calls a script). A call whose lease runs out
+(``redisdelay_lease``, 30 s by default: the worker was killed, its host is gone, it lost Redis for longer
+than that) is past its deadline, and the sweep delivers it again. A run on a live worker is renewed for as
+long as it lasts, unless the task has its own timeout (``timeout=``), which stays a hard end.
+
+A call is held while Celery's worker state knows its request (reserved, scheduled or running) and for one
+renewal period after it was received; when it finishes, its acknowledgement removes it from the store and
+its next renewal finds nothing. When the worker stops warmly, the calls it holds that have not started
+are given back: kombu puts their messages back in the queue, and another worker takes them.
+
+When Redis cannot be reached for a renewal, the worker logs it once per outage, keeps running its calls,
+and renews when Redis is back; a call whose lease ran out meanwhile may run twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from celery.worker import state
+
+from ..errors import RedisDelayError
+
+if TYPE_CHECKING:
+    from ..store.calls import CallStore
+    from ..store.depot import Depot
+
+logger = logging.getLogger(__name__)
+
+#: A batch of takes is written when this many calls were received ...
+TAKE_BATCH = 100
+#: ... or this long after the first of them.
+TAKE_WINDOW_SECONDS = 0.005
+#: The most calls one lease script takes (CallStore's bulk step).
+SCRIPT_STEP = 1000
+
+
+@dataclass
+class Held:
+    """A call the worker holds: kombu's delivery tag of the delivery, and when it was received."""
+
+    tag: str
+    received: float
+
+
+class Leases:
+    """The calls one worker holds, and the thread that takes and renews their leases."""
+
+    def __init__(
+        self,
+        depot: Depot,
+        worker: str,
+        owns: Callable[[Any], bool] = lambda request: True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.depot = depot
+        self.worker = worker
+        self.owns = owns  # whether a request is of a task whose calls may be parked
+        self.lease_ms = round(depot.settings.lease * 1000)
+        self.renewal = depot.settings.lease_renewal
+        self.clock = clock
+        self.held: dict[str, Held] = {}
+        self._new: list[str] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._stopped = threading.Event()
+        self._outage = False
+        self.renewed_at: float | None = None  # the clock when the last renewal reached every shard
+
+    # -- the consumer's side (the main thread) ------------------------------------------------------------
+
+    def received(self, call_id: str, tag: str) -> None:
+        """A call's message reached this worker: hold it."""
+        if self._closing.is_set():
+            return
+        with self._lock:
+            self.held[call_id] = Held(tag, self.clock())
+            self._new.append(call_id)
+            if len(self._new) == 1 or len(self._new) >= TAKE_BATCH:
+                self._wake.set()
+
+    # -- the thread ---------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Take new calls as they come and renew every held one each renewal period, until :meth:`stop`."""
+        due = self.clock() + self.renewal
+        while not self._stopped.is_set():
+            self._wake.wait(max(0.0, due - self.clock()))
+            if self._stopped.is_set():
+                break
+            if self._wake.is_set():
+                self._wake.clear()
+                self._stopped.wait(TAKE_WINDOW_SECONDS)  # a window to gather the calls received with it
+                self.take_new()
+            if self.clock() >= due:
+                self.renew()
+                due = self.clock() + self.renewal
+                if self._closing.is_set() and not self.held:
+                    break
+
+    def take_new(self) -> None:
+        """Lease the calls received since the last take."""
+        with self._lock:
+            new, self._new = self._new, []
+            calls = [(call_id, self.held[call_id].tag) for call_id in new if call_id in self.held]
+        if calls:
+            self._hold(calls, renewal=False)
+
+    def renew(self) -> None:
+        """Renew every call still held; forget the ones Celery no longer knows."""
+        with self._lock:
+            self._new.clear()  # renewed now with the rest
+            self._forget_finished()
+            if self._closing.is_set():  # a call given back that a pool process started after all
+                for request in running_requests():
+                    if request.id not in self.held and self.owns(request):
+                        self.held[request.id] = Held(delivery_tag(request), self.clock())
+            calls = [(call_id, held.tag) for call_id, held in self.held.items()]
+        if self._hold(calls, renewal=True):
+            self.renewed_at = self.clock()
+
+    def _forget_finished(self) -> None:
+        """Forget the calls received more than a renewal period ago whose requests Celery no longer has."""
+        grace = self.clock() - self.renewal
+        for call_id in [call_id for call_id, held in self.held.items() if held.received < grace]:
+            if call_id not in state.requests:
+                del self.held[call_id]
+
+    def _hold(self, calls: Sequence[tuple[str, str]], renewal: bool) -> bool:
+        """Write the leases of ``calls``, per shard and in steps; whether every write reached Redis. A renewal
+        also says how many calls the worker holds on each shard (a take leaves that to the next renewal)."""
+        by_store: dict[str, tuple[CallStore, list[tuple[str, str]]]] = {}
+        for call in calls:
+            store = self.depot.shards.home(call[0])
+            by_store.setdefault(store.keys.tag, (store, []))[1].append(call)
+        if renewal:  # a shard whose calls all finished hears that this worker holds none there
+            for store in self.depot.shards.all():
+                by_store.setdefault(store.keys.tag, (store, []))
+        ok = True
+        for store, held in by_store.values():
+            try:
+                total = len(held) if renewal else -1
+                if not held:
+                    store.lease(self.worker, self.lease_ms, [("", "")], total)
+                for start in range(0, len(held), SCRIPT_STEP):
+                    store.lease(self.worker, self.lease_ms, held[start : start + SCRIPT_STEP], total)
+            except RedisDelayError as exc:
+                ok = False
+                if not self._outage:
+                    self._outage = True
+                    logger.warning(
+                        "redisdelay: could not renew the leases of %d call(s); the worker keeps running them and "
+                        "renews when Redis answers (a call whose lease runs out meanwhile may run twice): %s",
+                        len(held),
+                        exc,
+                    )
+        if ok and self._outage and renewal:
+            self._outage = False
+            logger.warning("redisdelay: Redis answers again; the leases of %d call(s) are renewed", len(calls))
+        return ok
+
+    # -- stopping -------------------------------------------------------------------------------------------
+
+    def close(self, running: Iterable[str]) -> None:
+        """The worker stops warmly: give back the calls that have not started (``running``: those that have),
+        and keep renewing the running ones until they end."""
+        self._closing.set()
+        still = set(running)
+        with self._lock:
+            given = [(call_id, held.tag) for call_id, held in self.held.items() if call_id not in still]
+            for call_id, _ in given:
+                del self.held[call_id]
+        by_store: dict[str, tuple[CallStore, list[tuple[str, str]]]] = {}
+        for call in given:
+            store = self.depot.shards.home(call[0])
+            by_store.setdefault(store.keys.tag, (store, []))[1].append(call)
+        for store, calls in by_store.values():
+            for start in range(0, len(calls), SCRIPT_STEP):
+                try:
+                    store.give_back(self.worker, self.lease_ms, calls[start : start + SCRIPT_STEP])
+                except RedisDelayError as exc:
+                    logger.warning("redisdelay: could not give back %d call(s); they run again: %s", len(calls), exc)
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._wake.set()
+
+
+def running_requests() -> list[Any]:
+    """The requests this worker is running (Celery's worker state, which the consumer changes meanwhile)."""
+    for _ in range(10):
+        try:
+            return list(state.active_requests)
+        except RuntimeError:  # the set changed while it was read
+            continue
+    return []
+
+
+def running_ids() -> set[str]:
+    return {request.id for request in running_requests()}
+
+
+def delivery_tag(request: Any) -> str:
+    """kombu's delivery tag of a request's message, or ``""``."""
+    message = getattr(request, "message", None) or getattr(request, "_message", None)
+    tag = getattr(message, "delivery_tag", None)
+    return str(tag) if tag is not None else ""

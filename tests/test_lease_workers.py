@@ -1,0 +1,117 @@
+"""Leases on real workers under each of Celery's pools (``tests/pool_proj.py``): a worker SIGKILLed while it
+runs a call and holds prefetched ones loses none of them, and another worker runs them all once their leases
+run out; a run several leases long on a live worker is delivered once. Short leases keep the tests short;
+``python -m bench --only recovery`` measures the same with the default lease."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from celery_redisdelay.testing import RedisServer, wait_for
+from tests.pool_run import PoolRun, pool_worker
+
+pytestmark = pytest.mark.e2e
+
+POOLS = [("prefork", 1), ("threads", 1), ("solo", 1), ("gevent", 1), ("eventlet", 1)]
+POOL_IDS = [pool for pool, _ in POOLS]
+#: Seconds: short leases, renewed often (the defaults are 30 and 10).
+SHORT = {"redisdelay_lease": 3.0, "redisdelay_lease_renewal": 0.5}
+PREFETCHED = 50
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), POOLS, ids=POOL_IDS)
+def test_a_killed_workers_calls_run_again_on_another_worker(
+    redis_server: RedisServer, pool: str, concurrency: int
+) -> None:
+    with pool_worker(
+        redis_server,
+        pool,
+        concurrency=concurrency,
+        hostname="first@%h",
+        redisdelay_precise_release=True,
+        worker_prefetch_multiplier=PREFETCHED + 10,  # the worker holds every call it can while one runs
+        **SHORT,
+    ) as run:
+        key = f"{run.prefix}:runs"
+        first = run.worker
+        long = run.task("pools.sleep").apply_async((key, 600.0))
+        wait_for(lambda: any(n["at"] == "start" for n in run.notes(key)), 30, "the long call to start")
+        record = run.task("pools.sleep")
+        quick = [record.apply_async((key, 0.0)).id for _ in range(PREFETCHED)]
+        wait_for(lambda: run.rd.stats()["delayed"] == 0, 30, "the quick calls to be released")
+        broker = redis.Redis.from_url(run.conf["broker_url"])
+        # A prefork or threads worker fetches what it may prefetch while its one slot runs the long call; solo's
+        # consumer, and gevent's and eventlet's with a pool of one, wait for the slot: the calls stay queued.
+        if pool in ("prefork", "threads"):
+            wait_for(lambda: broker.llen(run.conf["task_default_queue"]) == 0, 30, "the worker to fetch them all")
+            wait_for(
+                lambda: all((held(run, i) or "").startswith("first@") for i in [long.id, *quick]),
+                30,
+                "the worker to hold every call it has",
+            )
+        first.kill()
+        run.marks.set(f"{key}:sleep", 0)  # the long call, run again, ends at once
+        run.worker = run.new_worker("second@%h").start()
+        wait_for(lambda: "ready." in run.worker.output(), 60, "the second worker to be ready")
+
+        def on_second() -> set[str]:
+            return {n["id"] for n in run.notes(key) if n["worker"].startswith("second@")}
+
+        try:
+            wait_for(lambda: on_second() >= {long.id, *quick}, 90, "every call of the killed worker to run again")
+        except TimeoutError:
+            missing = {call_id: where(run, call_id) for call_id in {long.id, *quick} - on_second()}
+            raise AssertionError(f"not run on the second worker: {missing}") from None
+        wait_for(lambda: run.rd.stats()["delayed"] == 0, 30, "nothing parked")
+        starts: dict[str, list[str]] = {}
+        for note in run.notes(key):
+            if note["at"] == "start":
+                starts.setdefault(note["id"], []).append(note["worker"].split("@")[0])
+        assert starts[long.id] == ["first", "second"], "the run cut short runs again"
+        assert all(starts[call_id] == ["second"] for call_id in quick), "a call that never started runs once"
+        first.remove_files()
+        broker.close()
+
+
+@pytest.mark.parametrize(("pool", "concurrency"), POOLS, ids=POOL_IDS)
+def test_a_run_longer_than_its_lease_on_a_live_worker_is_delivered_once(
+    redis_server: RedisServer, pool: str, concurrency: int
+) -> None:
+    lease = {"redisdelay_lease": 1.5, "redisdelay_lease_renewal": 0.3}
+    with pool_worker(redis_server, pool, concurrency=concurrency, redisdelay_precise_release=True, **lease) as run:
+        key = f"{run.prefix}:runs"
+        call = run.task("pools.sleep").apply_async((key, 6.0))  # four leases long
+        wait_for(lambda: any(n["at"] == "end" for n in run.notes(key)), 60, "the run to end")
+        wait_for(run.settled, 30, "the call to be acknowledged")
+        notes = run.notes(key)
+        assert [(n["id"], n["at"]) for n in notes] == [(call.id, "start"), (call.id, "end")], notes
+        assert notes[0]["delivery"] == 1
+
+
+def where(run: Any, call_id: str) -> tuple[str, dict[str, Any]] | None:
+    """A call's state and metadata, for a failure's message."""
+    found = run.rd.find(call_id)
+    return None if found is None else (found.state, dict(found.meta))
+
+
+def held(run: Any, call_id: str) -> str | None:
+    """The worker holding a call, from its metadata."""
+    found = run.rd.find(call_id)
+    return None if found is None else found.meta.get("h")
+
+
+def test_a_worker_with_a_bad_lease_setting_refuses_to_start(redis_server: RedisServer) -> None:
+    run = PoolRun(redis_server, "solo", 1, {"redisdelay_lease": 5.0})
+    run.worker.start()
+    try:
+        process = run.worker.process
+        assert process is not None
+        wait_for(lambda: process.poll() is not None, 60, "the worker to refuse to start")
+        assert process.returncode != 0
+        assert "redisdelay_lease (5 s) must be longer than redisdelay_lease_renewal (10 s)" in run.worker.output()
+    finally:
+        run.close()
+        run.worker.remove_files()

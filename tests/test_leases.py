@@ -1,0 +1,230 @@
+"""Leases against a real redis-server: a worker holds the calls it received, renews them in one script, gives
+back the ones it did not start; the sweep takes back a call whose lease ran out, with kombu's copy of its
+delivery; the task's own timeout stays a hard end that only ``touch()`` moves. The settings are checked at
+start-up. (The worker's side, on real workers under each pool: ``tests/test_lease_workers.py``.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_redisdelay import ConfigurationError, RedisDelay
+from celery_redisdelay.store.calls import Entry
+from celery_redisdelay.testing import wait_for
+from celery_redisdelay.worker.leases import Leases
+from tests.test_store import entry, redis_ms
+
+ENVELOPE = b'{"opaque": "to the store"}'
+LONG_MS = 600_000
+LEASE_MS = 30_000
+WAIT = 5.0
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+
+
+def in_flight(rd: RedisDelay, call_id: str, meta: dict[str, Any] | None = None) -> Entry:
+    """A call released to the broker and waiting there, with a long queue deadline."""
+    rd.store.park(call_id, ENVELOPE, {"r": LONG_MS, "q": LONG_MS, "m": 5, **(meta or {})}, countdown_ms=0)  # type: ignore[typeddict-item]
+    assert [claimed.id for claimed in rd.store.claim(10, LONG_MS)] == [call_id]
+    assert rd.store.confirm([call_id], LONG_MS) == 1
+    return entry(rd, call_id)
+
+
+def workers(rd: RedisDelay, client: redis.Redis) -> dict[str, dict[str, int]]:
+    return {key.decode(): json.loads(value) for key, value in client.hgetall(rd.keys.workers).items()}
+
+
+def test_a_held_call_is_due_at_the_end_of_its_lease_and_renewed(rd: RedisDelay, client: redis.Redis) -> None:
+    queued = in_flight(rd, "held")
+    before = redis_ms(client)
+    assert rd.store.lease("w1", LEASE_MS, [("held", "tag-1")], 1) == []
+    held = entry(rd, "held")
+    assert before + LEASE_MS <= held.score_ms <= redis_ms(client) + LEASE_MS < queued.score_ms
+    assert (held.meta["h"], held.meta["g"], held.meta["s"]) == ("w1", "tag-1", "queued")
+    assert workers(rd, client)["w1"]["n"] == 1
+
+    assert rd.store.touch("held", LONG_MS)  # a task's heartbeat: a renewal keeps the later deadline
+    touched = entry(rd, "held").score_ms
+    assert rd.store.lease("w1", LEASE_MS, [("held", "tag-1")], 1) == []
+    assert entry(rd, "held").score_ms == touched
+
+    client.zadd(rd.keys.inflight, {"held": before})  # the lease as it stands after a pause of the worker
+    assert rd.store.lease("w1", LEASE_MS, [("held", "tag-1")], 1) == []
+    assert entry(rd, "held").score_ms >= before + LEASE_MS
+
+
+def test_another_workers_call_and_unknown_ones_are_not_held(rd: RedisDelay, client: redis.Redis) -> None:
+    in_flight(rd, "theirs")
+    assert rd.store.lease("w1", LEASE_MS, [("theirs", "")], 1) == []
+    deadline = entry(rd, "theirs").score_ms
+    assert rd.store.lease("w2", LEASE_MS, [("theirs", ""), ("never-parked", "")], 2) == ["theirs", "never-parked"]
+    assert entry(rd, "theirs").meta["h"] == "w1" and entry(rd, "theirs").score_ms == deadline
+    rd.store.park("waiting", ENVELOPE, {}, countdown_ms=LONG_MS)
+    assert rd.store.lease("w2", LEASE_MS, [("waiting", "")], 1) == ["waiting"], "a parked call is no one's"
+    assert "h" not in entry(rd, "waiting").meta
+
+
+def test_a_lapsed_lease_is_swept_with_kombus_copy_of_the_delivery(rd: RedisDelay, client: redis.Redis) -> None:
+    in_flight(rd, "orphan")
+    unacked, index = f"{rd.keys.prefix}-unacked", f"{rd.keys.prefix}-unacked_index"
+    client.hset(unacked, "tag-9", "kombu's copy")
+    client.zadd(index, {"tag-9": 1.0})
+    client.hset(unacked, "someone-else", "kept")
+    assert rd.store.lease("dead-worker", 1, [("orphan", "tag-9")], 1) == []
+    wait_for(lambda: rd.store.sweep(100, 5, (unacked, index)) == (1, 0), WAIT, "the lapsed lease to be swept")
+
+    swept = entry(rd, "orphan")
+    assert swept.state == "delayed" and swept.meta["s"] == "swept"
+    assert not {"h", "g", "x"} & set(swept.meta), "any worker may take it now"
+    assert client.hkeys(unacked) == [b"someone-else"] and client.zcard(index) == 0
+    assert rd.store.lease("dead-worker", LEASE_MS, [("orphan", "tag-9")], 1) == ["orphan"]
+
+
+def test_start_takes_the_lease_and_the_tasks_own_timeout_is_a_hard_end(rd: RedisDelay, client: redis.Redis) -> None:
+    in_flight(rd, "plain")
+    before = redis_ms(client)
+    assert rd.store.start("plain", LONG_MS, LEASE_MS, "w1") == 1
+    started = entry(rd, "plain")
+    assert started.meta["h"] == "w1" and "x" not in started.meta
+    assert started.score_ms <= redis_ms(client) + LEASE_MS, "the lease, not the run timeout"
+
+    in_flight(rd, "own", {"r": 2_000, "o": 1})
+    assert rd.store.start("own", LONG_MS, LEASE_MS, "w1") == 1
+    own = entry(rd, "own")
+    assert before + 2_000 <= own.meta["x"] == own.score_ms <= redis_ms(client) + 2_000
+    assert rd.store.lease("w1", LEASE_MS, [("own", "")], 1) == []
+    assert entry(rd, "own").score_ms == own.meta["x"], "no renewal passes the task's own timeout"
+    assert rd.store.touch("own", LONG_MS)
+    touched = entry(rd, "own")
+    assert touched.meta["x"] == touched.score_ms >= before + LONG_MS, "touch() moves the hard end"
+
+    in_flight(rd, "someone-elses")
+    rd.store.lease("w2", LEASE_MS, [("someone-elses", "")], 1)
+    deadline = entry(rd, "someone-elses").score_ms
+    assert rd.store.start("someone-elses", LONG_MS, LEASE_MS, "w1") == 1
+    assert (entry(rd, "someone-elses").meta["h"], entry(rd, "someone-elses").score_ms) == ("w2", deadline)
+
+
+def test_unstarted_calls_are_given_back_and_running_ones_kept(rd: RedisDelay, client: redis.Redis) -> None:
+    in_flight(rd, "waiting")
+    in_flight(rd, "running")
+    rd.store.lease("w1", LEASE_MS, [("waiting", "t1"), ("running", "t2")], 2)
+    rd.store.start("running", LONG_MS, LEASE_MS, "w1")
+    before = redis_ms(client)
+    assert rd.store.give_back("w1", LEASE_MS, [("waiting", "t1"), ("running", "t2")]) == ["running"]
+    given = entry(rd, "waiting")
+    assert given.meta["s"] == "queued" and not {"h", "g"} & set(given.meta)
+    assert given.score_ms >= before + LONG_MS, "it waits in the broker again, with its queue timeout"
+    assert entry(rd, "running").meta["h"] == "w1"
+    assert "w1" not in workers(rd, client)
+
+
+def test_the_workers_hash_forgets_idle_and_silent_workers(rd: RedisDelay, client: redis.Redis) -> None:
+    in_flight(rd, "a")
+    rd.store.lease("w1", LEASE_MS, [("a", "")], 1)
+    client.hset(rd.keys.workers, mapping={"gone": json.dumps({"n": 3, "at": 1}), "garbage": "{not json"})
+    rd.store.lease("w2", LEASE_MS, [("", "")], 0)
+    assert set(workers(rd, client)) == {"w1"}
+    found = workers(rd, client)["w1"]
+    assert found["n"] == 1 and abs(found["at"] - redis_ms(client)) < 5_000
+    rd.store.lease("w1", LEASE_MS, [("", "")], 0)
+    assert client.exists(rd.keys.workers) == 0
+
+
+def test_bad_metadata_does_not_stop_a_renewal(rd: RedisDelay, client: redis.Redis) -> None:
+    in_flight(rd, "good")
+    in_flight(rd, "bad")
+    client.hset(rd.keys.meta, "bad", "{not json")
+    assert rd.store.lease("w1", LEASE_MS, [("bad", ""), ("good", "")], 2) == []
+    assert entry(rd, "good").meta["h"] == "w1" and entry(rd, "bad").meta["h"] == "w1"
+
+
+# -- the worker's side, without a worker: the batches ---------------------------------------------------------
+
+
+def test_a_worker_takes_its_calls_in_batches_and_renews_them_all_at_once(
+    rd: RedisDelay, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery.worker import state
+
+    ids = [f"batch-{n}" for n in range(5)]
+    for call_id in ids:
+        in_flight(rd, call_id)
+    scripts: list[int] = []
+    original = rd.store.lease
+    monkeypatch.setattr(rd.store, "lease", lambda *a, **k: scripts.append(len(a[2])) or original(*a, **k))
+    leases = Leases(rd.depot, "w1")
+    thread = threading.Thread(target=leases.run, daemon=True)
+    thread.start()
+    try:
+        for call_id in ids:
+            leases.received(call_id, f"tag-{call_id}")
+        wait_for(lambda: all(entry(rd, i).meta.get("h") == "w1" for i in ids), WAIT, "the calls to be held")
+        assert sum(scripts) == 5 and len(scripts) <= 2, scripts
+
+        monkeypatch.setattr(state, "requests", {call_id: object() for call_id in ids[:3]})
+        for held in leases.held.values():
+            held.received -= 3600  # received long ago: held only while Celery knows the request
+        scripts.clear()
+        leases.renew()
+        assert scripts == [3] and set(leases.held) == set(ids[:3])
+        assert workers(rd, client)["w1"]["n"] == 3
+    finally:
+        leases.stop()
+        thread.join(WAIT)
+    assert not thread.is_alive()
+
+
+def test_an_outage_is_logged_once_and_the_leases_renewed_after_it(
+    rd: RedisDelay, client: redis.Redis, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from celery_redisdelay import StoreUnavailableError
+
+    in_flight(rd, "kept")
+    leases = Leases(rd.depot, "w1")
+    leases.received("kept", "")
+    original = rd.store.lease
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailableError("celery-redisdelay could not renew: Redis is unreachable")
+
+    monkeypatch.setattr(rd.store, "lease", unreachable)
+    with caplog.at_level(logging.WARNING, logger="celery_redisdelay.worker.leases"):
+        for _ in range(3):
+            leases.renew()
+        monkeypatch.setattr(rd.store, "lease", original)
+        leases.renew()
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("could not renew" in message for message in messages) == 1, messages
+    assert sum("answers again" in message for message in messages) == 1, messages
+    assert entry(rd, "kept").meta["h"] == "w1"
+
+
+# -- settings ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("conf", "named"),
+    [
+        ({"redisdelay_lease": 10, "redisdelay_lease_renewal": 10}, "redisdelay_lease (10 s)"),
+        ({"redisdelay_lease": 5}, "redisdelay_lease (5 s) must be longer than redisdelay_lease_renewal (10 s)"),
+        ({"redisdelay_lease_renewal": 0}, "redisdelay_lease_renewal must be a positive number"),
+        ({"redisdelay_lease": "30s"}, "redisdelay_lease must be a positive number of seconds, not '30s'"),
+        ({"redisdelay_lease_renewal": float("nan")}, "redisdelay_lease_renewal must be a positive number"),
+    ],
+)
+def test_bad_lease_settings_are_refused_naming_the_setting(make_app: MakeApp, conf: dict[str, Any], named: str) -> None:
+    _, rd = make_app(**conf)
+    with pytest.raises(ConfigurationError, match=re.escape(named)):
+        _ = rd.settings  # read at start-up: by a worker's lease step, by beat, by the first call
+
+
+def test_the_lease_settings_default_to_30_and_10_seconds(rd: RedisDelay) -> None:
+    assert (rd.settings.lease, rd.settings.lease_renewal) == (30.0, 10.0)
