@@ -228,3 +228,41 @@ def test_bad_lease_settings_are_refused_naming_the_setting(make_app: MakeApp, co
 
 def test_the_lease_settings_default_to_30_and_10_seconds(rd: RedisDelay) -> None:
     assert (rd.settings.lease, rd.settings.lease_renewal) == (30.0, 10.0)
+
+
+# -- who holds what: status, list, show, metrics, the dashboard ---------------------------------------------
+
+
+def test_every_view_says_which_worker_holds_a_call(rd: RedisDelay, client: redis.Redis) -> None:
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+
+    from celery_redisdelay.operations.metrics import RedisDelayCollector
+    from celery_redisdelay.web import create_app
+    from tests.test_cli import as_json, ok
+
+    for call_id in ("a", "b", "c"):
+        in_flight(rd, call_id)
+    rd.store.lease("w1@host", LEASE_MS, [("a", ""), ("b", "")], 2)
+    rd.store.lease("w2@host", LEASE_MS, [("c", "")], 1)
+
+    workers_seen = as_json(rd, "status")["workers"]
+    assert {name: row["leases"] for name, row in workers_seen.items()} == {"w1@host": 2, "w2@host": 1}
+    assert all(0 <= row["renewed_seconds_ago"] < 60 for row in workers_seen.values())
+    assert re.search(r"\n  w1@host +2 calls, renewed ", ok(rd, "status").stdout)
+    listed = ok(rd, "list", "--state", "inflight").stdout
+    assert "WORKER" in listed and listed.count("w1@host") == 2 and listed.count("w2@host") == 1
+    assert as_json(rd, "show", "c")["worker"] == "w2@host"
+    assert "held by" in ok(rd, "show", "c").stdout
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RedisDelayCollector(rd))
+    scraped = generate_latest(registry).decode()
+    assert 'redisdelay_worker_leases{worker="w1@host"} 2.0' in scraped
+    assert 'redisdelay_worker_lease_renewed_timestamp_seconds{worker="w2@host"}' in scraped
+
+    web = create_app(rd).test_client()
+    overview = web.get("/").get_data(as_text=True)
+    assert "w1@host" in overview and "w2@host" in overview
+    assert "w1@host" in web.get("/calls/inflight").get_data(as_text=True)
+    assert "w2@host" in web.get("/call/c").get_data(as_text=True)

@@ -20,6 +20,7 @@ from ..errors import RedisDelayError
 from ..operations import admin, metrics
 from ..operations.history import KEPT_MINUTES, read_history
 from ..operations.humanize import deliveries, lock_text, relative, size_text, span
+from ..operations.listing import iso
 from ..operations.validation import run_validation
 from ..operations.waiting import adopt_waiting
 from ..release.precise import PreciseReleasers
@@ -172,6 +173,11 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
         ("  items waiting", f"{found['batch_items']:,}"),
         ("locks waited on", f"{found['locks_with_waiters']:,}"),
         ("memory", _memory(found["memory_bytes_estimate"])),
+        ("workers", f"{len(found['workers']):,} holding calls under leases"),
+    ]
+    rows += [
+        (f"  {worker}", f"{row['leases']:,} calls, renewed {span(row['renewed_seconds_ago'])} ago")
+        for worker, row in found["workers"].items()
     ]
     pairs(rows)
     if with_history:
@@ -247,6 +253,10 @@ def list_calls(
         ]
         for call in calls
     ]
+    if state == "inflight":
+        headers.append("WORKER")
+        for row, call in zip(rows, calls, strict=True):
+            row.append(call["worker"] or "-")
     if state == "dead":
         headers.append("REASON")
         for row, call in zip(rows, calls, strict=True):
@@ -289,6 +299,10 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
         ("queue timeout", _millis(found["queue_timeout_ms"])),
         ("queue", found["queue"] or "?"),
     ]
+    if found["worker"] is not None:
+        rows.append(("held by", f"{found['worker']} (under a lease it renews)"))
+    if found["run_ends_ms"] is not None:
+        rows.append(("run ends by", f"{iso(found['run_ends_ms'])} (the task's own timeout)"))
     if found["deferrals"]:
         rows.append(("lock deferrals", str(found["deferrals"])))
     if found["key"] is not None:

@@ -10,6 +10,7 @@ Times are the Redis server's clock, in ms since the epoch, as the scores are.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -119,7 +120,33 @@ def status(depot: Depot) -> dict[str, Any]:
         "oldest_overdue": _oldest(firsts["delayed"]),
         "oldest_expired": _oldest(firsts["inflight"]),
         "memory_bytes_estimate": memory,
+        "workers": worker_leases(depot),
     }
+
+
+def worker_leases(depot: Depot) -> dict[str, dict[str, Any]]:
+    """The workers holding leases on calls, over all shards: how many calls each holds (``leases``), when it
+    last renewed them (``renewed_ms``, ``renewed``: the latest over the shards) and how long ago that was
+    (``renewed_seconds_ago``, by the store's clock). A worker that holds nothing, or has not renewed for three
+    leases, is not listed (see lease.lua)."""
+    found: dict[str, dict[str, Any]] = {}
+    now = server_ms(depot)
+    for store in depot.shards.all():
+        with redis_errors("read the workers' leases"):
+            entries: Any = store.client.hgetall(store.keys.workers)
+        for worker, raw in entries.items():
+            try:
+                seen = json.loads(raw)
+                leases, renewed = int(seen["n"]), int(seen["at"])
+            except (ValueError, TypeError, KeyError):
+                continue  # the next renewal forgets it
+            row = found.setdefault(text(worker), {"leases": 0, "renewed_ms": renewed})
+            row["leases"] += leases
+            row["renewed_ms"] = max(row["renewed_ms"], renewed)
+    for row in found.values():
+        row["renewed"] = iso(row["renewed_ms"])
+        row["renewed_seconds_ago"] = max(0.0, (now - row["renewed_ms"]) / 1000)
+    return dict(sorted(found.items()))
 
 
 def _oldest(candidates: list[tuple[float, float, str, CallStore]]) -> dict[str, Any] | None:
@@ -169,6 +196,8 @@ def describe(depot: Depot, call_id: str) -> dict[str, Any] | None:
         "run_timeout_ms": meta.get("r"),
         "queue_timeout_ms": meta.get("q"),
         "deferrals": meta.get("w", 0),
+        "worker": meta.get("h"),
+        "run_ends_ms": meta.get("x"),
         "key": meta.get("k"),
         "broker_list": meta.get("l"),
         "why": meta.get("why"),

@@ -222,6 +222,7 @@ def entry_dict(entry: Entry, now_ms: int) -> dict[str, Any]:
         "deliveries": meta.get("d", 0),
         "max_deliveries": meta.get("m"),
         "phase": meta.get("s"),
+        "worker": meta.get("h"),
         "why": meta.get("why"),
     }
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..store.calls import redis_errors, text
 from ..store.depot import Depot, HoldsDepot, depot_of
+from .admin import worker_leases
 
 #: Upper bounds of the release lateness buckets, in ms (release.lua's LATENESS_BOUNDS).
 LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
@@ -42,6 +43,8 @@ class Snapshot:
     lateness_buckets: list[tuple[float, int]] = field(default_factory=list)  # (upper bound in s, cumulative)
     lateness_sum_seconds: float = 0.0
     last_release: float | None = None  # when a releaser last ran (s since the epoch), the oldest over the shards
+    #: worker -> (calls it holds under a lease, when it last renewed them in s since the epoch)
+    workers: dict[str, tuple[int, float]] = field(default_factory=dict)
 
 
 def snapshot(depot: Depot) -> Snapshot:
@@ -71,6 +74,7 @@ def snapshot(depot: Depot) -> Snapshot:
         lateness_buckets=buckets,
         lateness_sum_seconds=summed.get("late_ms_sum", 0) / 1000,
         last_release=oldest_release(releases),
+        workers={worker: (row["leases"], row["renewed_ms"] / 1000) for worker, row in worker_leases(depot).items()},
     )
 
 
@@ -119,6 +123,17 @@ class RedisDelayCollector:
             "How often releasers run (redisdelay_tick_interval): alerts count missed ticks with it.",
             value=self.depot.settings.tick_interval,
         )
+        leases = GaugeMetricFamily(f"{ns}_worker_leases", "Calls a worker holds under a lease.", labels=["worker"])
+        renewed = GaugeMetricFamily(
+            f"{ns}_worker_lease_renewed_timestamp_seconds",
+            "When a worker last renewed its leases, by the Redis clock.",
+            labels=["worker"],
+        )
+        for worker, (held, at) in shot.workers.items():
+            leases.add_metric([worker], held)
+            renewed.add_metric([worker], at)
+        yield leases
+        yield renewed
         for field_name, (name, help_text) in TOTALS.items():
             yield CounterMetricFamily(f"{ns}_{name}", help_text, value=shot.totals[field_name])
         yield HistogramMetricFamily(
