@@ -12,6 +12,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
     ``1`` sets ``redisdelay_park_received=True`` (a worker parks the eta messages it receives).
 ``REDISDELAY_BENCH_RESULTS``
     ``1`` gives the app a Redis result backend (database 1) and keeps its tasks' results.
+``REDISDELAY_BENCH_PREFETCH``
+    ``worker_prefetch_multiplier`` (default 1).
 
 The bench process builds further apps with :func:`build` (for example one with precise release on to
 park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
@@ -20,6 +22,7 @@ park calls for the precise releaser); tasks are named explicitly, so every app a
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +37,7 @@ ENV_TICK = "REDISDELAY_BENCH_TICK"
 ENV_PRECISE = "REDISDELAY_BENCH_PRECISE"
 ENV_PARK_RECEIVED = "REDISDELAY_BENCH_PARK_RECEIVED"
 ENV_RESULTS = "REDISDELAY_BENCH_RESULTS"
+ENV_PREFETCH = "REDISDELAY_BENCH_PREFETCH"
 
 KEY_PREFIX = "bench"
 
@@ -51,6 +55,7 @@ WORKER_OURS_QUEUE = "bench-mem-ours"  # the worker_memory workers
 WORKER_PLAIN_QUEUE = "bench-mem-plain"
 WORKER_RECEIVED_QUEUE = "bench-mem-received"  # Celery's eta messages, parked by the worker that receives them
 E2E_QUEUE = "bench-e2e"  # calls due now, run by one worker, end to end
+RECOVERY_QUEUE = "bench-recovery"  # a killed worker's calls, run again by another
 QUEUES = (
     DEFAULT_QUEUE,
     PARK_QUEUE,
@@ -63,6 +68,7 @@ QUEUES = (
     WORKER_PLAIN_QUEUE,
     WORKER_RECEIVED_QUEUE,
     E2E_QUEUE,
+    RECOVERY_QUEUE,
 )
 
 
@@ -77,6 +83,8 @@ class BenchApp:
     plain_noop: Any  # @app.task: Celery's own countdown, the baseline
     stamp: Any  # @rd.delayed: records when it starts, by the Redis clock
     plain_stamp: Any  # @app.task: the same, for Celery's own calls
+    sleeper: Any  # @rd.delayed: records its start (with its worker), then sleeps
+    plain_sleeper: Any  # @app.task(acks_late=True): the same, for Celery's own calls
 
 
 def server_ms(client: redis.Redis) -> int:
@@ -95,6 +103,7 @@ def build(
     shards: int = 1,
     results: bool = False,
     park_received: bool = False,
+    prefetch: int = 1,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
@@ -112,7 +121,7 @@ def build(
         "task_default_queue": DEFAULT_QUEUE,
         "task_queues": [Queue(name, Exchange(name), routing_key=name) for name in QUEUES],
         "task_ignore_result": not results,
-        "worker_prefetch_multiplier": 1,
+        "worker_prefetch_multiplier": prefetch,
         "worker_hijack_root_logger": False,
         "broker_connection_retry_on_startup": True,
     }
@@ -139,7 +148,17 @@ def build(
 
     stamp = rd.delayed(name="bench.stamp", bind=True)(record_start)
     plain_stamp = app.task(name="bench.plain_stamp", bind=True, shared=False)(record_start)
-    return BenchApp(url, app, rd, delayed_noop, plain_noop, stamp, plain_stamp)
+
+    def sleep(self: Any, key: str, seconds: float) -> None:
+        """Record ``<call id> <Redis time in ms> <worker>``, then sleep ``seconds`` unless ``<key>:awake`` is set."""
+        marks.rpush(key, f"{self.request.id} {server_ms(marks)} {self.request.hostname}")
+        ends = time.monotonic() + seconds
+        while time.monotonic() < ends and not marks.exists(f"{key}:awake"):
+            time.sleep(0.1)
+
+    sleeper = rd.delayed(name="bench.sleeper", bind=True)(sleep)
+    plain_sleeper = app.task(name="bench.plain_sleeper", bind=True, shared=False, acks_late=True)(sleep)
+    return BenchApp(url, app, rd, delayed_noop, plain_noop, stamp, plain_stamp, sleeper, plain_sleeper)
 
 
 def from_environment() -> BenchApp:
@@ -149,6 +168,7 @@ def from_environment() -> BenchApp:
         precise=os.environ.get(ENV_PRECISE) == "1",
         park_received=os.environ.get(ENV_PARK_RECEIVED) == "1",
         results=os.environ.get(ENV_RESULTS) == "1",
+        prefetch=int(os.environ.get(ENV_PREFETCH, "1")),
         set_as_current=True,
     )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from celery_redisdelay.testing import CeleryProcess, wait_for
 from celery_redisdelay.testing import beat as beat_process
 
-from .app import ENV_PARK_RECEIVED, ENV_PRECISE, ENV_RESULTS, ENV_TICK, ENV_URL
+from .app import ENV_PARK_RECEIVED, ENV_PRECISE, ENV_PREFETCH, ENV_RESULTS, ENV_TICK, ENV_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "bench.app"
@@ -57,9 +57,16 @@ class Processes:
         self.running: list[CeleryProcess] = []
 
     def env(
-        self, *, tick_interval: float = 1.0, precise: bool = False, park_received: bool = False, results: bool = False
+        self,
+        *,
+        tick_interval: float = 1.0,
+        precise: bool = False,
+        park_received: bool = False,
+        results: bool = False,
+        prefetch: int = 1,
     ) -> dict[str, str]:
         return {
+            ENV_PREFETCH: str(prefetch),
             ENV_RESULTS: "1" if results else "0",
             ENV_URL: self.url,
             ENV_TICK: str(tick_interval),
@@ -88,6 +95,7 @@ class Processes:
         precise: bool = False,
         park_received: bool = False,
         results: bool = False,
+        prefetch: int = 1,
     ) -> CeleryProcess:
         """A worker, waited for until it is ready."""
         command = [
@@ -103,7 +111,13 @@ class Processes:
         ]
         process = self._start(
             command,
-            self.env(tick_interval=tick_interval, precise=precise, park_received=park_received, results=results),
+            self.env(
+                tick_interval=tick_interval,
+                precise=precise,
+                park_received=park_received,
+                results=results,
+                prefetch=prefetch,
+            ),
         )
         self.wait_ready(process)
         self.say(f"  worker {name} ready (pid {process.pid}, pool {pool}, queues {queues})")

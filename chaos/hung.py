@@ -12,6 +12,9 @@ the end; the report counts them beside lost and duplicated calls, and any is a f
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -43,6 +46,19 @@ def blocked_on_a_lock(pid: int) -> bool:
     return bool(waits) and all(wait.startswith("futex") for wait in waits)
 
 
+def stack_of(pid: int) -> str | None:
+    """Where a hung process is blocked: ``py-spy dump`` of its Python threads, where py-spy is installed (it is
+    not a dependency: ``pip install py-spy`` to see it); None otherwise."""
+    spy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        return None
+    try:
+        done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy failed: {exc!r}"
+    return (done.stdout + done.stderr)[-6000:]
+
+
 class HungWatch(threading.Thread):
     """Samples the pool processes of the workers ``workers()`` names (their main pids) until :meth:`finish`."""
 
@@ -63,7 +79,13 @@ class HungWatch(threading.Thread):
                 seen.add(pid)
                 since = self._blocked_since.setdefault(pid, now)
                 if now - since >= HUNG_SECONDS and pid not in self.hung:
-                    self.hung[pid] = {"worker": name, "worker_pid": worker_pid, "pid": pid, "blocked_s": now - since}
+                    self.hung[pid] = {
+                        "worker": name,
+                        "worker_pid": worker_pid,
+                        "pid": pid,
+                        "blocked_s": now - since,
+                        "stack": stack_of(pid),
+                    }
         self._blocked_since = {pid: since for pid, since in self._blocked_since.items() if pid in seen}
 
     def run(self) -> None:

@@ -95,6 +95,9 @@ def _explained(data: dict[str, Any]) -> list[str]:
         lines += ["", f"  {'missing':>7}  {'id':<36}  {'runs':>4}  explanation"]
         for row in missing[:50]:
             lines.append(f"  {row['number']:>7}  {row['id'] or '?':<36}  {len(row['runs']):>4}  {row['explanation']}")
+    for row in (data.get("hung_processes") or [])[:3]:
+        if row.get("stack"):
+            lines += ["", f"  hung pool process {row['pid']} of {row['worker']}, where it blocks:", row["stack"]]
     return lines
 
 

@@ -12,6 +12,7 @@ from .e2e import e2e_throughput
 from .history import history_cost
 from .lateness import lateness
 from .park import park_bulk, park_single
+from .recovery import long_run, recovery
 from .redis_memory import redis_memory_per_call
 from .release import release
 from .release_cluster import release_cluster
@@ -30,4 +31,6 @@ FIGURES: dict[str, Figure] = {
     "release_cluster": release_cluster,
     "dashboard": dashboard,
     "e2e_throughput": e2e_throughput,
+    "recovery": recovery,
+    "long_run": long_run,
 }

@@ -1,0 +1,161 @@
+"""Recovery: how soon a SIGKILLed worker's calls run again on another worker, with the default lease.
+
+A worker (``--pool prefork --concurrency 1``, ``worker_prefetch_multiplier`` 60, the precise releaser in it)
+runs a 20 s call and holds 50 [10] more it prefetched, all due now. A second worker is started, idle, and the
+first is SIGKILLed with its pool process. Timed, by the Redis clock, from the kill to the start of each call
+on the second worker. Ours: delayed calls under the default lease (30 s, renewed every 10 s). The baseline:
+the same calls as plain ``@app.task`` calls (the long one ``acks_late``, so Celery can deliver it again at
+all), on the same two workers; they come back when kombu restores them after the broker's
+``visibility_timeout`` (an hour by default), so the baseline is watched for a bounded window and reports how
+many came back in it. Target: every call again within 45 s, none lost, none run twice but the one that had
+started.
+
+``long_run``: one call running 3 minutes [40 s] on a live worker under the default lease: the number of
+times it started (target: 1).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from statistics import median
+from typing import Any
+
+from celery_redisdelay.testing import wait_for
+
+from ..app import RECOVERY_QUEUE, BenchApp, build, server_ms
+from ..context import Context
+from ..report import Row
+
+TARGET_SECONDS = 45.0
+LONG_SECONDS = 20.0
+PREFETCH = 60
+#: How long the baseline is watched after the kill for its calls to come back.
+BASELINE_WINDOW = 75.0
+
+
+def starts(ctx: Context, key: str) -> list[tuple[str, int, str]]:
+    """(call id, Redis time in ms, worker) of every start recorded under ``key``."""
+    found = []
+    raws: Any = ctx.client.lrange(key, 0, -1)
+    for raw in raws:
+        call_id, at, worker = raw.decode().split(" ", 2)
+        found.append((call_id, int(at), worker))
+    return found
+
+
+def one_side(ctx: Context, app: BenchApp, *, ours: bool, prefetched: int, window: float) -> dict[str, Any]:
+    """Run the scenario once; per call, the seconds from the kill to its start on the second worker."""
+    key = f"bench:recovery:{uuid.uuid4().hex}"
+    task = app.sleeper if ours else app.plain_sleeper
+    first = ctx.processes.worker(
+        "recovery-first", queues=RECOVERY_QUEUE, concurrency=1, precise=True, prefetch=PREFETCH
+    )
+    long = task.apply_async((key, LONG_SECONDS), queue=RECOVERY_QUEUE).id
+    wait_for(lambda: any(s[0] == long for s in starts(ctx, key)), 60, "the long call to start")
+    quick = [task.apply_async((key, 0.0), queue=RECOVERY_QUEUE).id for _ in range(prefetched)]
+    wait_for(lambda: ctx.client.llen(RECOVERY_QUEUE) == 0 and app.rd.stats()["delayed"] == 0, 60, "the prefetch")
+    if ours:
+
+        def all_held() -> bool:
+            return all(str(held_by(app, call_id)).startswith("recovery-first@") for call_id in quick)
+
+        wait_for(all_held, 60, "the first worker to hold every call")
+    second = ctx.processes.worker(
+        "recovery-second", queues=RECOVERY_QUEUE, concurrency=1, precise=True, prefetch=PREFETCH
+    )
+    killed_ms = server_ms(ctx.client)
+    ctx.processes.stop(first, kill=True)
+    ctx.client.set(f"{key}:awake", 1)  # the long call, run again, ends at once
+    wanted = {long, *quick}
+
+    def again() -> set[str]:
+        return {call_id for call_id, _, worker in starts(ctx, key) if worker.startswith("recovery-second@")}
+
+    deadline = time.monotonic() + window
+    while time.monotonic() < deadline and again() < wanted:
+        time.sleep(0.2)
+    recovered = {
+        call_id: (at - killed_ms) / 1000
+        for call_id, at, worker in starts(ctx, key)
+        if worker.startswith("recovery-second@") and call_id in wanted
+    }
+    runs: dict[str, int] = {}
+    for call_id, _, _ in starts(ctx, key):
+        runs[call_id] = runs.get(call_id, 0) + 1
+    ctx.processes.stop(second)
+    ctx.client.unlink(key, f"{key}:awake")
+    seconds = sorted(recovered.values())
+    return {
+        "calls": len(wanted),
+        "recovered": len(recovered),
+        "p50_seconds": round(median(seconds), 1) if seconds else None,
+        "max_seconds": round(seconds[-1], 1) if seconds else None,
+        "twice": sorted(call_id for call_id, count in runs.items() if count > 1),
+        "long": long,
+        "long_ran_twice": runs.get(long, 0) > 1,
+        "window_seconds": window,
+    }
+
+
+def held_by(app: BenchApp, call_id: str) -> str | None:
+    found = app.rd.find(call_id)
+    return None if found is None else found.meta.get("h")
+
+
+def recovery(ctx: Context) -> dict[str, Any]:
+    prefetched = 10 if ctx.quick else 50
+    app = build(ctx.url, precise=True, prefetch=PREFETCH)
+    try:
+        ours = one_side(ctx, app, ours=True, prefetched=prefetched, window=120.0)
+        ctx.say(f"  ours: {ours}")
+        celerys = one_side(ctx, app, ours=False, prefetched=prefetched, window=BASELINE_WINDOW)
+        ctx.say(f"  Celery's: {celerys}")
+    finally:
+        app.app.close()
+        ctx.clear(RECOVERY_QUEUE, "unacked", "unacked_index")
+    # None lost, all back in time, and only the run the kill cut short ran twice.
+    met = (
+        ours["recovered"] == ours["calls"]
+        and ours["max_seconds"] is not None
+        and ours["max_seconds"] <= TARGET_SECONDS
+        and set(ours["twice"]) <= ({ours["long"]} if ours["long_ran_twice"] else set())
+    )
+    all_back = celerys["recovered"] == celerys["calls"]
+    row = Row(
+        f"recovery ({ours['calls']} calls of a SIGKILLed worker)",
+        ours["max_seconds"] if ours["max_seconds"] is not None else "none back",
+        "s, the last",
+        celerys["max_seconds"] if all_back else None,
+        f"plain Celery: {celerys['recovered']} of {celerys['calls']} back within {BASELINE_WINDOW:.0f} s",
+        None,
+        f"all <= {TARGET_SECONDS:.0f} s",
+        met,
+    )
+    return {"rows": [row.as_dict()], "details": {"ours": ours, "celery": celerys}}
+
+
+def long_run(ctx: Context) -> dict[str, Any]:
+    seconds = 40.0 if ctx.quick else 180.0
+    app = build(ctx.url, precise=True)
+    key = f"bench:long:{uuid.uuid4().hex}"
+    worker = ctx.processes.worker("long-run", queues=RECOVERY_QUEUE, concurrency=1, precise=True)
+    try:
+        call = app.sleeper.apply_async((key, seconds), queue=RECOVERY_QUEUE).id
+        wait_for(lambda: app.rd.find(call) is None, seconds + 120, "the long run to be acknowledged", interval=1.0)
+        started = [s for s in starts(ctx, key) if s[0] == call]
+    finally:
+        ctx.processes.stop(worker)
+        app.app.close()
+        ctx.client.unlink(key)
+    row = Row(
+        f"long_run ({seconds:.0f} s run, 30 s lease)",
+        len(started),
+        "starts",
+        1,
+        "exactly once",
+        None,
+        "1 start",
+        len(started) == 1,
+    )
+    return {"rows": [row.as_dict()], "details": {"seconds": seconds, "starts": len(started)}}
