@@ -20,10 +20,14 @@ from collections.abc import Iterator
 from statistics import median
 from typing import Any
 
+from celery_redisdelay.settings import DEFAULTS
+
 from .analysis import Run, WorkerLogs
-from .config import BROKER_VISIBILITY_TIMEOUT, RESTORE_INTERVAL, TICK_INTERVAL
+from .config import TICK_INTERVAL
 from .faults import BEAT_KILL, BROKER_KILL, BROKER_RESTART, CLIENT_KILL, RELEASER_KILL, WORKER_KILL, Fault
 
+#: The workers' lease: the chaos runs keep the default (``redisdelay_lease``).
+LEASE_SECONDS = float(DEFAULTS["redisdelay_lease"])
 #: A run that started while Redis was down may end in the error a little after Redis answers again.
 BROKEN_RUN_SLACK = 5.0
 
@@ -31,13 +35,14 @@ BROKEN_RUN_SLACK = 5.0
 def bounds(kind: str, visibility_timeout: float, queue_timeout: float) -> str:
     """Which setting bounds the recovery of a fault of ``kind``."""
     run = (
-        f"a run cut short is delivered again once its visibility timeout has passed (redisdelay_visibility_timeout "
-        f"or the call's, {visibility_timeout:g}s here) and a sweep has run (every tick, {TICK_INTERVAL:g}s)"
+        f"a run cut short is delivered again once its lease has run out (redisdelay_lease, {LEASE_SECONDS:g}s by "
+        f"default) or, sooner, its own timeout has passed (the call's, {visibility_timeout:g}s here), and a sweep "
+        f"has run (every tick, {TICK_INTERVAL:g}s)"
     )
     prefetched = (
-        f"a message the worker had prefetched comes back when kombu restores it, after the broker's visibility_timeout "
-        f"({BROKER_VISIBILITY_TIMEOUT}s here, scanned every {RESTORE_INTERVAL}s), or at the latest when the sweep "
-        f"takes it for lost after redisdelay_queue_timeout ({queue_timeout:g}s here)"
+        f"a message the worker had received and not started is held under the worker's lease (redisdelay_lease, "
+        f"{LEASE_SECONDS:g}s by default, renewed every 10s): once the lease has run out the sweep delivers it again; "
+        f"a message popped but never noted by kombu comes back after redisdelay_queue_timeout ({queue_timeout:g}s here)"
     )
     if kind == WORKER_KILL:
         return f"{run}; {prefetched}"

@@ -136,7 +136,15 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
         runs = int(notes.client().incr(f"{key}:runs"))
         if runs == 1:
             raise Abandon("the first delivery is abandoned on purpose")
-        notes.add(rd, key, self.request, runs=runs)
+        info = self.request.delivery_info or {}
+        notes.add(
+            rd,
+            key,
+            self.request,
+            runs=runs,
+            redelivered=info.get("redelivered"),
+            count=self.request.get("x-delivery-count"),
+        )
         return runs
 
     # Plain tasks: parked by redisdelay_all_tasks, or by the worker that receives their eta messages.

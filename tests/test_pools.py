@@ -71,6 +71,7 @@ def test_every_feature_under_each_pool(redis_server: RedisServer, pool: str, con
         assert len(notes) == 6, "no call ran twice"
         assert by_id[tracked.id]["delivery"] == by_id[child]["delivery"] == by_id[touched.id]["delivery"] == 1
         assert by_id[abandoned.id]["delivery"] == 2, "abandoned once, delivered again"
+        assert (by_id[abandoned.id]["redelivered"], by_id[abandoned.id]["count"]) == (True, 1), "and it says so"
         assert run.rd.stats()["dead"] == 0
 
 

@@ -20,6 +20,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from celery_redisdelay import ConfigurationError, RedisDelay
+from celery_redisdelay.message import wire
 from celery_redisdelay.message.envelope import EnvelopeError
 from celery_redisdelay.message.stored import decode_stored
 from celery_redisdelay.message.wire import PREFIX, BrokerLayout
@@ -213,10 +214,40 @@ def test_a_stored_message_is_pushed_with_a_delivery_tag_of_its_own_each_time(
         return report if report["requeued"] else None
 
     assert wait_for(swept_and_released, 10, "the sweep")["released"] == 1
-    second = json.loads(client.lpop(where["list"]))  # type: ignore[arg-type]
+    raw_second: Any = client.lpop(where["list"])
+    second = json.loads(raw_second)
     assert first["properties"]["delivery_tag"] == f"{result.id}.1"
     assert second["properties"]["delivery_tag"] == f"{result.id}.2"
+    # The second delivery says so, as kombu's restore and RabbitMQ's quorum queues do, and nothing else changes.
+    assert second["properties"]["delivery_info"].pop("redelivered") is True
+    assert (second["headers"].pop("redelivered"), second["headers"].pop("x-delivery-count")) == (True, 1)
     assert comparable(first) == comparable(second)
+    # The script's marks are wire.py's, byte for byte (the pipeline path pushes those).
+    stored = fast.store.find(result.id)
+    assert stored is not None and stored.envelope is not None
+    assert raw_second == wire.message_for(result.id, stored.envelope, 2)
+
+
+@pytest.mark.parametrize(
+    ("message", "marked"),
+    [
+        (
+            b'{"headers": {"id": "x"}, "properties": {"delivery_info": {"exchange": ""}, "delivery_tag": "x.2"}}',
+            b'{"headers": {"redelivered": true, "x-delivery-count": 2, "id": "x"}, '
+            b'"properties": {"delivery_info": {"redelivered": true, "exchange": ""}, "delivery_tag": "x.2"}}',
+        ),
+        (
+            b'{"headers": {}, "properties": {"delivery_info": {}}}',
+            b'{"headers": {"redelivered": true, "x-delivery-count": 2}, "properties": {"delivery_info": '
+            b'{"redelivered": true}}}',
+        ),
+        (b'{"properties": {"delivery_info": {}}}', b'{"properties": {"delivery_info": {}}}'),
+    ],
+    ids=["as-stored", "empty-objects", "no-headers-left-alone"],
+)
+def test_a_redelivery_is_marked_as_json(message: bytes, marked: bytes) -> None:
+    assert wire.redelivered(message, 2) == marked
+    assert json.loads(marked)  # still JSON
 
 
 def test_calls_pushed_by_the_script_wait_in_flight_for_their_own_queue_timeout(

@@ -163,7 +163,32 @@ def message_for(call_id: str, payload: bytes, delivery: int) -> bytes | None:
         return None
     if delivery == 1:
         return payload
-    return payload[: -len(ending)] + f'"delivery_tag": "{call_id}.{delivery}"}}}}'.encode()
+    return redelivered(payload[: -len(ending)] + f'"delivery_tag": "{call_id}.{delivery}"}}}}'.encode(), delivery - 1)
+
+
+_HEADERS, _DELIVERY_INFO = b'"headers": {', b'"delivery_info": {'
+
+
+def redelivered(message: bytes, earlier: int) -> bytes:
+    """A later delivery says so, as kombu's restore and RabbitMQ's quorum queues do: ``redelivered`` in the
+    headers and in ``delivery_info`` (Celery's ``request.delivery_info['redelivered']``, which
+    ``worker_deduplicate_successful_tasks`` reads), and ``x-delivery-count``, the deliveries before this one, in
+    the headers. The message is JSON in the order :meth:`WireFormat.text` writes it (headers before properties,
+    ``delivery_info`` the last object opened in it): the marks go in as text, as release.lua puts them."""
+    head, info = message.find(_HEADERS), message.rfind(_DELIVERY_INFO)
+    if head < 0 or info < head:
+        return message
+    head_end, info_end = head + len(_HEADERS), info + len(_DELIVERY_INFO)
+    marks = b'"redelivered": true, "x-delivery-count": %d' % earlier
+    return b"".join(
+        [
+            message[:head_end],
+            marks if message[head_end : head_end + 1] == b"}" else marks + b", ",
+            message[head_end:info_end],
+            b'"redelivered": true' if message[info_end : info_end + 1] == b"}" else b'"redelivered": true, ',
+            message[info_end:],
+        ]
+    )
 
 
 def to_envelope(raw: bytes) -> Envelope:

@@ -7,6 +7,7 @@ broker that refuses a publish gives the unpublished calls back and ends the loop
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -95,15 +96,22 @@ def publish_batch(app: Celery, send_task: SendTask, producer: Any, call_id: str,
     send_task(batch.task, args=(batch.key, batch.items), task_id=call_id, producer=producer, **task.routing_options)
 
 
-def publish_call(app: Celery, send_task: SendTask, producer: Any, call_id: str, payload: bytes) -> None:
+def publish_call(
+    app: Celery, send_task: SendTask, producer: Any, call_id: str, payload: bytes, deliveries: int = 1
+) -> None:
     """Publish one stored call: an envelope as it is, a flushed batch as the task's message (through
-    ``send_task``, Celery's own)."""
+    ``send_task``, Celery's own). A later delivery carries ``redelivered`` and ``x-delivery-count`` (the
+    deliveries before it) in its headers; kombu writes ``delivery_info`` itself on this path."""
     stored = decode_stored(payload)
     if isinstance(stored, BatchCall):
         publish_batch(app, send_task, producer, call_id, stored)
         return
     if stored.headers.get("id", call_id) != call_id:
         raise EnvelopeError(f"the stored message is call {stored.headers['id']}'s, not this call's")
+    if deliveries > 1:
+        stored = dataclasses.replace(
+            stored, headers={"redelivered": True, "x-delivery-count": deliveries - 1, **stored.headers}
+        )
     publish(app, producer, stored)
 
 
@@ -232,7 +240,7 @@ class Releaser:
                 fatal = broker_errors(producer)
                 for call in through_kombu:
                     try:
-                        publish_call(self.app, self.send_task, producer, call.id, call.envelope)
+                        publish_call(self.app, self.send_task, producer, call.id, call.envelope, call.deliveries)
                     except fatal:
                         raise
                     except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
