@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -264,3 +266,14 @@ def test_every_lock_of_a_cluster_client_is_made_new_in_a_child(local_cluster: An
             assert in_child(park_and_track(rd)) == "ok"
     finally:
         app.close()
+
+
+def test_the_host_name_codec_is_looked_up_before_any_thread_of_ours_runs() -> None:
+    """A pool process forked while a thread of its worker imported ``encodings.idna`` (its first connection by
+    host name) blocked for good at its own first connection: the codec is looked up when the package is
+    imported. (celery, kombu and redis-py alone leave it to the first connection.)"""
+    code = "import sys, {}; print('encodings.idna' in sys.modules)"
+    check = [sys.executable, "-c"]
+    assert subprocess.run([*check, code.format("celery_redisdelay")], capture_output=True, text=True).stdout == "True\n"
+    plain = subprocess.run([*check, code.format("celery, kombu, redis")], capture_output=True, text=True).stdout
+    print(f"without the package: encodings.idna imported at start-up: {plain.strip()}")

@@ -17,6 +17,13 @@ and producers fork too (multiprocessing, gunicorn ``--preload``, a test suite's 
   attribute waits forever. :class:`cached_property` here takes none: two threads may both work out a
   value, and the last one is kept, as on Python 3.12.
 
+* **An import under way** in another thread at the fork: Python makes its global import lock new in a child,
+  but not the lock of each module being imported, so a child that imports the same module waits forever. A
+  client connecting by host name looks up the ``idna`` codec, and the first lookup imports ``encodings.idna``:
+  a worker's lease or releaser thread reconnecting (after a Redis restart) while Celery forks a pool process
+  left that child blocked at its first connection (seen in the chaos runs, with py-spy). The codec is looked
+  up here, once, when the package is imported, before any thread of ours runs.
+
 Connections kept per thread (:mod:`celery_redisdelay.store.evalsha`) check the pid themselves; threads do not
 survive a fork, and the precise releaser's belong to the process that started them.
 """
@@ -84,6 +91,8 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+# The codec socket.getaddrinfo looks up for a host name: imported and cached now, not by a thread at a fork.
+"localhost".encode("idna")
 
 
 class cached_property(Generic[T, R]):
