@@ -15,6 +15,7 @@ from celery import bootsteps, signals
 from celery.utils.functional import maybe_list
 
 from .extension import RedisDelay
+from .message.marks import received_from_store
 from .release.precise import PreciseReleasers
 from .worker.leases import Leases, delivery_tag, running_ids
 from .worker.received import ReceivedParking
@@ -44,7 +45,9 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         leases = self.leases = Leases(depot, worker.hostname, owns)
 
         def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-            if request is not None and getattr(sender, "app", None) is depot.app and owns(request):
+            if request is None or getattr(sender, "app", None) is not depot.app or not owns(request):
+                return
+            if received_from_store(request):  # a call never parked has nothing to hold
                 leases.received(request.id, delivery_tag(request))
 
         signals.task_received.connect(on_received, weak=False, dispatch_uid=f"redisdelay-leases-{id(self)}")

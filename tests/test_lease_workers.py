@@ -5,6 +5,7 @@ run out; a run several leases long on a live worker is delivered once. Short lea
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -115,3 +116,38 @@ def test_a_worker_with_a_bad_lease_setting_refuses_to_start(redis_server: RedisS
     finally:
         run.close()
         run.worker.remove_files()
+
+
+def test_a_call_never_parked_costs_no_redis_call_on_the_worker(redis_server: RedisServer) -> None:
+    """In all-tasks mode, a run of a plain task's call sent due now (as Celery sends it) makes no Redis call of
+    ours: no lease, no start, no acknowledgement. A parked call's run makes them, as the control."""
+    with pool_worker(
+        redis_server, "threads", concurrency=2, redisdelay_all_tasks=True, redisdelay_precise_release=True, **SHORT
+    ) as run:
+        key = f"{run.prefix}:runs"
+        seen: list[str] = []
+        monitor = redis.Redis.from_url(f"{redis_server.url}/0")
+        stop = threading.Event()
+
+        def watch() -> None:
+            with monitor.monitor() as commands:
+                for command in commands.listen():
+                    seen.append(str(command.get("command", "")))
+                    if stop.is_set():
+                        return
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        wait_for(lambda: seen, 10, "MONITOR to start")
+        record = run.task("plain.record")
+        now = [record.apply_async((key, n)).id for n in range(20)]
+        parked = record.apply_async((key, "parked"), countdown=0.5).id
+        wait_for(lambda: len(run.notes(key)) >= 21, 60, "every call to run")
+        wait_for(run.settled, 30, "the parked call to be acknowledged")
+        stop.set()
+        run.marks.ping()  # a last command, so the watcher sees the stop
+        watcher.join(10)
+        monitor.close()
+        ours = [command for command in seen if "EVALSHA" in command.upper()]
+        assert any(parked in command for command in ours), "the parked call is leased, started and acknowledged"
+        assert not [command for command in ours if any(call_id in command for call_id in now)]

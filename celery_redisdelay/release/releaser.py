@@ -23,6 +23,7 @@ from kombu.utils import json
 from ..errors import RedisDelayError
 from ..message import wire
 from ..message.envelope import Envelope, EnvelopeError
+from ..message.marks import PARKED_HEADER
 from ..message.stored import BatchCall, decode_stored
 from ..producer.batch import BatchedTask
 from ..producer.task import DelayedTask
@@ -93,25 +94,33 @@ def publish_batch(app: Celery, send_task: SendTask, producer: Any, call_id: str,
             f"batched task {batch.task!r} is not registered in this app; import its module in the worker that "
             "runs the tick, then requeue the call"
         )
-    send_task(batch.task, args=(batch.key, batch.items), task_id=call_id, producer=producer, **task.routing_options)
+    send_task(
+        batch.task,
+        args=(batch.key, batch.items),
+        task_id=call_id,
+        producer=producer,
+        headers={PARKED_HEADER: 1},
+        **task.routing_options,
+    )
 
 
 def publish_call(
     app: Celery, send_task: SendTask, producer: Any, call_id: str, payload: bytes, deliveries: int = 1
 ) -> None:
     """Publish one stored call: an envelope as it is, a flushed batch as the task's message (through
-    ``send_task``, Celery's own). A later delivery carries ``redelivered`` and ``x-delivery-count`` (the
-    deliveries before it) in its headers; kombu writes ``delivery_info`` itself on this path."""
+    ``send_task``, Celery's own), with the header that says it was parked. A later delivery carries
+    ``redelivered`` and ``x-delivery-count`` (the deliveries before it) in its headers; kombu writes
+    ``delivery_info`` itself on this path."""
     stored = decode_stored(payload)
     if isinstance(stored, BatchCall):
         publish_batch(app, send_task, producer, call_id, stored)
         return
     if stored.headers.get("id", call_id) != call_id:
         raise EnvelopeError(f"the stored message is call {stored.headers['id']}'s, not this call's")
+    marks: dict[str, Any] = {PARKED_HEADER: 1}  # the worker tracks the run (message/marks.py)
     if deliveries > 1:
-        stored = dataclasses.replace(
-            stored, headers={"redelivered": True, "x-delivery-count": deliveries - 1, **stored.headers}
-        )
+        marks.update({"redelivered": True, "x-delivery-count": deliveries - 1})
+    stored = dataclasses.replace(stored, headers={**marks, **stored.headers})
     publish(app, producer, stored)
 
 

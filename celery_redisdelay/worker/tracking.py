@@ -20,6 +20,7 @@ from celery.exceptions import TimeLimitExceeded
 from celery.states import IGNORED, REJECTED, RETRY
 
 from ..errors import Abandon, Deferred, RedisDelayError
+from ..message.marks import drop_mark, request_from_store
 from ..producer.adoption import adoptable
 from .revocation import cancel_many
 
@@ -75,6 +76,11 @@ def connect(depot: Depot) -> None:
 
     def on_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
         if task_id is None or not owns(sender):
+            return
+        parked = request_from_store(sender.request)
+        drop_mark(sender.request)
+        if not parked:
+            untracked.add(task_id)  # never parked: nothing to track, no Redis call (message/marks.py)
             return
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
         # for this worker too, should it come first.

@@ -1,0 +1,49 @@
+"""How a worker tells a delivery of a parked call from a call Celery sent itself, without asking Redis.
+
+Every delivery the store makes says so: one pushed as the stored broker message (the release script, the
+pipeline) has the delivery tag ``<id>.<delivery>``, and one published through kombu or ``send_task`` carries
+the header :data:`PARKED_HEADER`; kombu's restore keeps both. A run of a call that has neither was never
+parked: the worker does not track it, and makes no Redis call for it. The header is taken out of the task's
+request before it runs (:func:`drop_mark`): the task sees what Celery would have given it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+#: The header a delivery published through kombu carries (the stored message's own tag says it otherwise).
+PARKED_HEADER = "x-redisdelay-parked"
+
+
+def delivered_from_store(call_id: str, delivery_tag: Any, headers: Mapping[str, Any] | None) -> bool:
+    """Whether a message with this delivery tag and these headers is a delivery of the parked call ``call_id``."""
+    prefix, dot, number = str(delivery_tag or "").rpartition(".")
+    if dot and prefix == call_id and number.isdigit():
+        return True
+    return bool(headers and headers.get(PARKED_HEADER))
+
+
+def request_from_store(request: Any) -> bool:
+    """:func:`delivered_from_store` for a running task's ``self.request`` (a pool process's view)."""
+    properties = getattr(request, "properties", None) or {}
+    return delivered_from_store(
+        str(request.id), properties.get("delivery_tag"), {PARKED_HEADER: request.get(PARKED_HEADER)}
+    )
+
+
+def received_from_store(request: Any) -> bool:
+    """:func:`delivered_from_store` for a request the worker's main process received."""
+    message = getattr(request, "message", None)
+    return delivered_from_store(
+        str(request.id), getattr(message, "delivery_tag", None), getattr(message, "headers", None)
+    )
+
+
+def drop_mark(request: Any) -> None:
+    """Take :data:`PARKED_HEADER` out of a running task's ``self.request``, so that the task sees the request
+    Celery would have given it (its custom headers, ``None`` when none is left)."""
+    request.__dict__.pop(PARKED_HEADER, None)
+    headers = getattr(request, "headers", None)
+    if isinstance(headers, dict) and PARKED_HEADER in headers:
+        request.headers = {name: value for name, value in headers.items() if name != PARKED_HEADER} or None
