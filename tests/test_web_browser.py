@@ -140,7 +140,9 @@ def park_a_day_of_work(rd: RedisDelay, tasks: dict[str, Any]) -> dict[str, list[
         ids["reminder"].append(call.id)
     for n in range(2):
         rd.reschedule(ids["invoice"][n], countdown=0)
-    assert len(rd.store.claim(2, 600_000)) == 2
+    in_flight = rd.store.claim(2, 600_000)
+    assert len(in_flight) == 2
+    assert rd.store.lease("worker1@shop-7", 30_000, [(call.id, "") for call in in_flight], 2) == []  # a worker has them
     # An order update deferred behind its order's lock, held elsewhere.
     assert rd.lock("order:5003", timeout=3600).acquire(blocking=False)
     rd.reschedule(ids["order"][3], countdown=0)
@@ -184,6 +186,7 @@ def test_filter_cancel_reschedule_and_run_now_in_a_browser(
     page.goto(web.url + "/")
     expect(page.locator(".card").first).to_contain_text("416")
     expect(page.locator("svg.chart")).to_have_count(6)  # three of the parked calls, three of the history
+    expect(page.locator("dd .worker")).to_have_text(["worker1@shop-7"])  # the worker holding the calls in flight
     page.screenshot(path=str(shots / "dashboard.png"), full_page=True)
 
     # Filter the delayed list by task: the URL says so, and every row is a reminder.
