@@ -14,6 +14,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
     ``1`` gives the app a Redis result backend (database 1) and keeps its tasks' results.
 ``REDISDELAY_BENCH_PREFETCH``
     ``worker_prefetch_multiplier`` (default 1).
+``REDISDELAY_BENCH_LEASE``
+    ``redisdelay_lease`` in seconds, renewed every third of it (default: the package's, 30 and 10).
 
 The bench process builds further apps with :func:`build` (for example one with precise release on to
 park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
@@ -38,6 +40,7 @@ ENV_PRECISE = "REDISDELAY_BENCH_PRECISE"
 ENV_PARK_RECEIVED = "REDISDELAY_BENCH_PARK_RECEIVED"
 ENV_RESULTS = "REDISDELAY_BENCH_RESULTS"
 ENV_PREFETCH = "REDISDELAY_BENCH_PREFETCH"
+ENV_LEASE = "REDISDELAY_BENCH_LEASE"
 
 KEY_PREFIX = "bench"
 
@@ -104,6 +107,7 @@ def build(
     results: bool = False,
     park_received: bool = False,
     prefetch: int = 1,
+    lease: float | None = None,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
@@ -129,6 +133,8 @@ def build(
         conf["redisdelay_precise_release"] = True
     if park_received:
         conf["redisdelay_park_received"] = True
+    if lease is not None:
+        conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
     app.conf.update(conf)
     rd = RedisDelay(app)
     marks = redis.Redis.from_url(f"{url}/0")
@@ -169,6 +175,7 @@ def from_environment() -> BenchApp:
         park_received=os.environ.get(ENV_PARK_RECEIVED) == "1",
         results=os.environ.get(ENV_RESULTS) == "1",
         prefetch=int(os.environ.get(ENV_PREFETCH, "1")),
+        lease=float(os.environ[ENV_LEASE]) if os.environ.get(ENV_LEASE) else None,
         set_as_current=True,
     )
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from celery_redisdelay.testing import CeleryProcess, wait_for
 from celery_redisdelay.testing import beat as beat_process
 
-from .app import ENV_PARK_RECEIVED, ENV_PRECISE, ENV_PREFETCH, ENV_RESULTS, ENV_TICK, ENV_URL
+from .app import ENV_LEASE, ENV_PARK_RECEIVED, ENV_PRECISE, ENV_PREFETCH, ENV_RESULTS, ENV_TICK, ENV_URL
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "bench.app"
@@ -64,9 +64,11 @@ class Processes:
         park_received: bool = False,
         results: bool = False,
         prefetch: int = 1,
+        lease: float | None = None,
     ) -> dict[str, str]:
         return {
             ENV_PREFETCH: str(prefetch),
+            ENV_LEASE: "" if lease is None else str(lease),
             ENV_RESULTS: "1" if results else "0",
             ENV_URL: self.url,
             ENV_TICK: str(tick_interval),
@@ -96,6 +98,7 @@ class Processes:
         park_received: bool = False,
         results: bool = False,
         prefetch: int = 1,
+        lease: float | None = None,
     ) -> CeleryProcess:
         """A worker, waited for until it is ready."""
         command = [
@@ -117,6 +120,7 @@ class Processes:
                 park_received=park_received,
                 results=results,
                 prefetch=prefetch,
+                lease=lease,
             ),
         )
         self.wait_ready(process)

@@ -46,6 +46,8 @@ DOCUMENTED = {
     r"\{chaos(/\d+)?\}:counters": "running totals for the metrics (a fixed set of fields)",
     r"\{chaos(/\d+)?\}:wake": "markers for precise releasers (at most 16)",
     r"\{chaos(/\d+)?\}:history": "the per-minute history (the last 24 hours, pruned by the sweep)",
+    r"\{chaos(/\d+)?\}:workers": "the workers holding leases (a killed worker's entry stays until another worker's "
+    "renewal finds it three leases old)",
     r"\{chaos\}:shards": "the shard registry (with redisdelay_shards > 1)",
     r"\{chaos(/\d+)?\}:lock-wake:.*": "a lock's wake-up list (expires 10 s after the release)",
     r"_kombu\.binding\..*": "kombu's queue bindings (a killed worker's pidbox binding stays)",

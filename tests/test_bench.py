@@ -12,7 +12,7 @@ from celery_redisdelay.testing.topologies import binary_version
 
 from .conftest import run_module
 
-BENCH_TIMEOUT = 170
+BENCH_TIMEOUT = 240
 FIGURES = (
     "park_single",
     "park_bulk",
@@ -24,6 +24,8 @@ FIGURES = (
     "redis_memory_per_call",
     "dashboard",
     "e2e_throughput",
+    "recovery",
+    "long_run",
 )
 NOT_IMPLEMENTED = "not implemented"
 SKIPPED = "skipped"  # the cluster figure, on a redis-server older than 7.0 (no --cluster-port)
