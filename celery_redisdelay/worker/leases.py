@@ -77,7 +77,6 @@ class Leases:
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._outage = False
-        self.renewed_at: float | None = None  # the clock when the last renewal reached every shard
 
     # -- the consumer's side (the main thread) ------------------------------------------------------------
 
@@ -128,8 +127,7 @@ class Leases:
                     if request.id not in self.held and self.owns(request):
                         self.held[request.id] = Held(delivery_tag(request), self.clock())
             calls = [(call_id, held.tag) for call_id, held in self.held.items()]
-        if self._hold(calls, renewal=True):
-            self.renewed_at = self.clock()
+        self._hold(calls, renewal=True)
 
     def _forget_finished(self) -> None:
         """Forget the calls received more than a renewal period ago whose requests Celery no longer has."""

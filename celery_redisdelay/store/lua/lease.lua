@@ -53,12 +53,15 @@ for i = 5, #ARGV, 2 do
         missed[#missed + 1] = id
     end
 end
--- What each worker holds, for status and metrics; a worker that holds nothing, or has not renewed for
--- three leases (it died), is forgotten. One field per live worker: the walk is as long as the fleet.
+-- What each worker holds, for status and metrics, written by renewals (a take, ARGV[4] -1, leaves it); a
+-- worker that holds nothing, or has not renewed for three leases (it died), is forgotten. One field per live
+-- worker: the walk is as long as the fleet, once per renewal.
 local held = tonumber(ARGV[4])
-if op == 'hold' and held > 0 then
+if held < 0 then
+    return missed
+elseif op == 'hold' and held > 0 then
     redis.call('HSET', WORKERS, worker, cjson.encode({n = held, at = now}))
-elseif held == 0 then
+else
     redis.call('HDEL', WORKERS, worker)
 end
 local fields = redis.call('HGETALL', WORKERS)
