@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +22,7 @@ from celery_redisdelay import ConfigurationError, RedisDelay
 from celery_redisdelay.store.calls import Entry
 from celery_redisdelay.testing import wait_for
 from celery_redisdelay.worker.leases import Leases
+from tests.test_release import echo_task
 from tests.test_store import entry, redis_ms
 
 ENVELOPE = b'{"opaque": "to the store"}'
@@ -266,3 +269,52 @@ def test_every_view_says_which_worker_holds_a_call(rd: RedisDelay, client: redis
     assert "w1@host" in overview and "w2@host" in overview
     assert "w1@host" in web.get("/calls/inflight").get_data(as_text=True)
     assert "w2@host" in web.get("/call/c").get_data(as_text=True)
+
+
+#: A worker's consumer in a process of its own: it pops one message of the queue as kombu does (the delivery
+#: noted in kombu's unacked hash and index), says its delivery tag, and waits to be killed.
+POPPER = """
+import sys
+from kombu import Connection, Consumer, Queue
+with Connection(sys.argv[1]) as connection:
+    got = []
+    with Consumer(connection, [Queue(sys.argv[2])], callbacks=[lambda body, message: got.append(message)]):
+        while not got:
+            connection.drain_events(timeout=10)
+        print(got[0].delivery_tag, flush=True)
+        sys.stdin.read()
+"""
+
+
+def test_a_call_popped_by_a_worker_that_died_before_holding_it_is_swept_a_lease_later(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    app, rd = make_app(redisdelay_lease=1.0, redisdelay_lease_renewal=0.2)
+    assert rd.depot.fast_release
+    queue = app.conf.task_default_queue
+    echo = echo_task(rd)
+    popped, waiting = echo.apply_async(("popped",)), echo.apply_async(("waiting",))
+    assert rd.tick()["released"] == 2
+    command = [sys.executable, "-c", POPPER, app.conf.broker_url, queue]
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as popper:
+        try:
+            assert popper.stdout is not None
+            tag = popper.stdout.readline().strip()
+        finally:
+            popper.kill()  # it dies before any lease thread could hold the call
+            popper.wait(10)
+    first = popped.id if tag.startswith(popped.id) else waiting.id
+    left = waiting.id if first == popped.id else popped.id
+    assert tag == f"{first}.1" and client.hexists("unacked", tag), "kombu noted the delivery"
+
+    swept = rd.tick()
+    assert swept["requeued"] == 0, "popped less than a lease ago: its worker may still hold it"
+    wait_for(lambda: rd.tick()["requeued"] == 1, WAIT, "the call popped by the dead worker to be swept")
+    again = entry(rd, first)
+    assert (again.state, again.meta["s"]) in {("delayed", "swept"), ("inflight", "queued")}
+    assert not client.hexists("unacked", tag) and client.zscore("unacked_index", tag) is None, (
+        "kombu does not restore it as well"
+    )
+    assert entry(rd, left).meta["s"] in {"delayed", "queued"} and "h" not in entry(rd, left).meta
+    assert rd.tick()["requeued"] == 0, "the call still in the queue is not taken back"
+    assert client.hget(rd.keys.history, "unacked_seen") is not None

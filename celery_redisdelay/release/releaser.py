@@ -165,14 +165,16 @@ class Releaser:
         self.last_release: Released | None = None
         self.new_id = new_id  # ids of flushed batches: they must belong to this store's shard
         #: kombu's unacked hash and index, where the broker is the store's Redis: a swept call's held delivery
-        #: leaves them, so kombu does not restore it too (sweep.lua).
+        #: leaves them, so kombu does not restore it too, and a call popped by a worker that died before it
+        #: held the call is swept a lease later (sweep.lua).
         self.unacked = unacked
 
     # Each step is one bounded script call and says whether more may be left.
 
     def sweep_step(self, report: TickReport) -> bool:
         batch = self.settings.release_batch
-        requeued, dead = self.store.sweep(batch, self.settings.max_deliveries, self.unacked)
+        lease_ms = round(self.settings.lease * 1000)
+        requeued, dead = self.store.sweep(batch, self.settings.max_deliveries, self.unacked, lease_ms)
         report.requeued += requeued
         report.dead += dead
         return requeued + dead >= batch

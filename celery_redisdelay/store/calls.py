@@ -269,11 +269,15 @@ class CallStore:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
         return bool(self._run("ack", [call_id, outcome], f"acknowledge call {call_id}"))
 
-    def sweep(self, limit: int, max_deliveries: int, unacked: Sequence[str] = ()) -> tuple[int, int]:
-        """Deliver again the calls past their in-flight deadline (dead-letter those out of deliveries); with
+    def sweep(
+        self, limit: int, max_deliveries: int, unacked: Sequence[str] = (), lease_ms: int | None = None
+    ) -> tuple[int, int]:
+        """Deliver again the calls past their in-flight deadline (dead-letter those out of deliveries). With
         ``unacked`` (kombu's unacked hash and index, where the broker is this Redis), the deliveries their
-        workers held leave kombu's hash. (calls put back, calls dead-lettered)."""
-        requeued, buried = self._run("sweep", [limit, max_deliveries], "sweep timed-out calls", unacked)
+        workers held leave kombu's hash, and a call a worker popped more than ``lease_ms`` ago but never held
+        (it died first) is delivered again too. (calls put back, calls dead-lettered)."""
+        args = [limit, max_deliveries] if lease_ms is None else [limit, max_deliveries, lease_ms]
+        requeued, buried = self._run("sweep", args, "sweep timed-out calls", unacked)
         return int(requeued), int(buried)
 
     def lease(self, worker: str, lease_ms: int, held: Sequence[tuple[str, str]], total: int) -> list[str]:

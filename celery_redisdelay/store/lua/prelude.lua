@@ -23,6 +23,7 @@
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
 --   KEYS[10] history  hash  the same totals per minute, '<minute>:<name>' -> count (minute: ms // 60000),
 --       for the last HISTORY_MINUTES minutes; 'pruned' the last minute forgotten (see prune_history),
+--       'unacked_seen' how far the sweep has read kombu's unacked index (see sweep.lua),
 --       'released_at' when a releaser last ran (ms)
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
