@@ -142,6 +142,7 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
         if timeout is None:
             timeout = self.visibility_timeout or self.depot.settings.visibility_timeout
         call_id, timeout_ms = self.request.id, round(seconds(timeout, "timeout") * 1000)
+        self.depot.outbox.flush()  # the run's start first: it would set the deadline again
         return self.depot.shards.first(call_id, lambda store: store.touch(call_id, timeout_ms))
 
 

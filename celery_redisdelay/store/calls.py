@@ -269,6 +269,22 @@ class CallStore:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
         return bool(self._run("ack", [call_id, outcome], f"acknowledge call {call_id}"))
 
+    def track(
+        self, entries: Sequence[tuple[str, str]], run_timeout_ms: int, lease_ms: int = 0, worker: str = ""
+    ) -> list[str]:
+        """Write a worker process's starts and acknowledgements in one script, in order: ``entries`` are
+        (op, id), op ``"start"`` or the outcome of an acknowledgement (one of :data:`OUTCOMES`); a start is
+        :meth:`start` with ``run_timeout_ms``, ``lease_ms`` and ``worker``. 1 to 1,000 entries. The ids of
+        the entries that found no call here."""
+        ids = _step([call_id for _, call_id in entries])
+        ops: list[str] = []
+        for op, call_id in entries:
+            if op != "start" and op not in OUTCOMES:
+                raise ValueError(f"an entry is 'start' or one of {', '.join(OUTCOMES)}, not {op!r}")
+            ops += ["s" if op == "start" else op, call_id]
+        action = f"write the starts and acknowledgements of {_which(ids)}"
+        return _texts(self._run("track", [run_timeout_ms, lease_ms, worker, *ops], action))
+
     def sweep(
         self, limit: int, max_deliveries: int, unacked: Sequence[str] = (), lease_ms: int | None = None
     ) -> tuple[int, int]:

@@ -23,6 +23,7 @@ from .calls import CallStore, redis_errors
 from .connection import broker_is_store, connect, is_cluster
 from .forks import cached_property
 from .keys import Keyspace
+from .outbox import Outbox
 from .shards import ShardSet
 
 
@@ -54,6 +55,11 @@ class Depot:
             )
         wait_ms = round(settings.wait_timeout * 1000)
         return ShardSet(self.client, settings.key_prefix, settings.shards, settings.wait_replicas, wait_ms)
+
+    @cached_property
+    def outbox(self) -> Outbox:
+        """This process's starts and acknowledgements, written in batches (:mod:`celery_redisdelay.store.outbox`)."""
+        return Outbox(self)
 
     @property
     def store(self) -> CallStore:

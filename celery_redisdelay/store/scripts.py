@@ -40,6 +40,7 @@ STORE_SCRIPTS = (
     "requeue_many",
     "adopt",
     "lease",
+    "track",
 )
 STANDALONE_SCRIPTS = ("validate_consume", "lock_extend")
 

@@ -3,15 +3,16 @@
 Hooked through Celery's signals: ``task_prerun`` / ``task_postrun`` in the process that runs the task;
 ``task_failure`` for the failures the worker's main process records itself (a pool process that died,
 a run its hard time limit ended); ``task_revoked`` when a worker discards a revoked or expired
-message. A call is acknowledged when Celery considers it finished, and only then. A failure to reach Redis here never
-fails the task: the call stays in flight and the sweep delivers it again (at-least-once). A worker also
-makes a ``revoke`` durable for parked calls (:func:`drop_revoked`, see :mod:`celery_redisdelay.bootsteps`).
+message. A call is acknowledged when Celery considers it finished, and only then. Starts and
+acknowledgements go through the process's outbox (:mod:`celery_redisdelay.store.outbox`), which writes
+them in batches from a thread: a run makes no Redis call of its own. A failure to reach Redis never fails
+the task: the call stays in flight and the sweep delivers it again (at-least-once). A worker also makes a
+``revoke`` durable for parked calls (:func:`drop_revoked`, see :mod:`celery_redisdelay.bootsteps`).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 from billiard.exceptions import WorkerLostError
@@ -29,10 +30,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Waits before the second and third attempt to acknowledge: long enough to outlast a Redis restart
-#: or a dropped connection (the chaos runs saw acks fail inside 0.2 s restarts), short for a worker.
-ACK_BACKOFF_SECONDS = (0.2, 1.0)
-ACK_ATTEMPTS = len(ACK_BACKOFF_SECONDS) + 1
 #: Failures of a run that the worker's main process records (the pool process never got to report).
 MAIN_PROCESS_FAILURES = (WorkerLostError, TimeLimitExceeded)
 
@@ -48,25 +45,13 @@ def finishes_call(state: str, retval: Any) -> bool:
     return True
 
 
-def acknowledge(depot: Depot, task_id: str, outcome: str = "acked") -> None:
-    """Stop tracking a finished call, counting how it ended; retried a little, then left to the sweep."""
-    for attempt in range(1, ACK_ATTEMPTS + 1):
-        try:
-            depot.shards.first(task_id, lambda store: store.ack(task_id, outcome))
-            return
-        except RedisDelayError as exc:
-            if attempt == ACK_ATTEMPTS:
-                logger.error("redisdelay: could not acknowledge call %s; it will run again: %s", task_id, exc)
-            else:
-                time.sleep(ACK_BACKOFF_SECONDS[attempt - 1])
-
-
 def connect(depot: Depot) -> None:
     """Connect the handlers of ``depot``'s calls; each ignores tasks whose calls are not parked in ``depot``:
     its app's delayed tasks, and its plain tasks where ``redisdelay_all_tasks`` or ``redisdelay_park_received``
-    parks their delayed calls. Of a plain task only the runs of parked calls are tracked: a run whose start
-    finds nothing in the store (a call sent due now, as Celery sends it) is not acknowledged either."""
-    untracked: set[str] = set()  # runs of calls the store does not know, until they end
+    parks their delayed calls. Of a plain task only the runs of parked calls are tracked: a run of a call
+    never parked (its message has no mark, see :mod:`celery_redisdelay.message.marks`) makes no Redis call."""
+    untracked: set[str] = set()  # runs of calls never parked, until they end
+    outbox = depot.outbox
 
     def ours(task: Any) -> bool:
         return parks_calls_of(depot, task)
@@ -84,14 +69,7 @@ def connect(depot: Depot) -> None:
             return
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
         # for this worker too, should it come first.
-        worker = getattr(sender.request, "hostname", None) or ""
-        settings = depot.settings  # read once the app is configured
-        timeout_ms, lease_ms = round(settings.visibility_timeout * 1000), round(settings.lease * 1000)
-        try:
-            if not depot.shards.first(task_id, lambda store: store.start(task_id, timeout_ms, lease_ms, worker)):
-                untracked.add(task_id)
-        except RedisDelayError as exc:
-            logger.warning("redisdelay: could not mark call %s started: %s", task_id, exc)
+        outbox.start(task_id, getattr(sender.request, "hostname", None) or "")
 
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
@@ -101,7 +79,7 @@ def connect(depot: Depot) -> None:
         if task_id in untracked:
             untracked.discard(task_id)
         elif finishes_call(state, retval):
-            acknowledge(depot, task_id)
+            outbox.ack(task_id)
 
     def on_failure(sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any) -> None:
         # The worker's main process records these failures itself and sends this signal (billiard reports
@@ -109,14 +87,17 @@ def connect(depot: Depot) -> None:
         # the message or the task retried: Celery will not run the call again, so neither do we.
         # Failures raised by the task itself are acknowledged by task_postrun, in the pool process.
         if task_id is not None and isinstance(exception, MAIN_PROCESS_FAILURES) and owns(sender):
-            acknowledge(depot, task_id)
+            outbox.ack(task_id)
 
     def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
         # A worker discarded the message unrun (revoked, or past its expires), or terminated its run;
         # Celery has marked the result REVOKED. Stop tracking the call, or the sweep would send it again.
         call_id = getattr(request, "id", None)
         if call_id is not None and ours(sender):
-            acknowledge(depot, call_id, "expired" if expired else "revoked")
+            outbox.ack(call_id, "expired" if expired else "revoked")
+
+    def on_exit(**_: Any) -> None:
+        outbox.flush()  # a pool process that ends, or the worker: what it gathered reaches Redis first
 
     def on_unknown(sender: Any = None, name: str | None = None, id: str | None = None, **_: Any) -> None:
         # Celery discards a message for a task this worker does not know; a call of ours would only
@@ -135,6 +116,8 @@ def connect(depot: Depot) -> None:
     signals.task_failure.connect(on_failure, weak=False)
     signals.task_revoked.connect(on_revoked, weak=False)
     signals.task_unknown.connect(on_unknown, weak=False)
+    signals.worker_process_shutdown.connect(on_exit, weak=False)
+    signals.worker_shutdown.connect(on_exit, weak=False)
 
 
 def parks_calls_of(depot: Depot, task: Any) -> bool:
