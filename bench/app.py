@@ -16,6 +16,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
     ``worker_prefetch_multiplier`` (default 1).
 ``REDISDELAY_BENCH_LEASE``
     ``redisdelay_lease`` in seconds, renewed every third of it (default: the package's, 30 and 10).
+``REDISDELAY_BENCH_ALL_TASKS``
+    ``1`` sets ``redisdelay_all_tasks=True`` (every task's delayed calls are parked).
 
 The bench process builds further apps with :func:`build` (for example one with precise release on to
 park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
@@ -34,44 +36,19 @@ from kombu import Exchange, Queue
 
 from celery_redisdelay import RedisDelay
 
-ENV_URL = "REDISDELAY_BENCH_URL"
-ENV_TICK = "REDISDELAY_BENCH_TICK"
-ENV_PRECISE = "REDISDELAY_BENCH_PRECISE"
-ENV_PARK_RECEIVED = "REDISDELAY_BENCH_PARK_RECEIVED"
-ENV_RESULTS = "REDISDELAY_BENCH_RESULTS"
-ENV_PREFETCH = "REDISDELAY_BENCH_PREFETCH"
-ENV_LEASE = "REDISDELAY_BENCH_LEASE"
-
-KEY_PREFIX = "bench"
-
-# Every queue of the benchmarks, declared in ``task_queues`` as an application declares its queues
-# (the release script pushes only onto the lists of queues the app knows). Nobody consumes a queue
-# unless a figure starts a worker for it.
-DEFAULT_QUEUE = "bench"  # the tick and the lateness calls
-PARK_QUEUE = "bench-park"  # routing of the calls park_single and park_bulk park
-PARK_PLAIN_QUEUE = "bench-park-plain"  # Celery's countdown messages of park_single
-RELEASE_QUEUE = "bench-release"  # where the release figure's calls land
-SEND_QUEUE = "bench-release-send"  # the send_task loop of the release figure
-MEMORY_QUEUE = "bench-memory"  # routing of the calls of redis_memory_per_call
-MEMORY_PLAIN_QUEUE = "bench-memory-plain"
-WORKER_OURS_QUEUE = "bench-mem-ours"  # the worker_memory workers
-WORKER_PLAIN_QUEUE = "bench-mem-plain"
-WORKER_RECEIVED_QUEUE = "bench-mem-received"  # Celery's eta messages, parked by the worker that receives them
-E2E_QUEUE = "bench-e2e"  # calls due now, run by one worker, end to end
-RECOVERY_QUEUE = "bench-recovery"  # a killed worker's calls, run again by another
-QUEUES = (
+from .common import (
     DEFAULT_QUEUE,
-    PARK_QUEUE,
-    PARK_PLAIN_QUEUE,
-    RELEASE_QUEUE,
-    SEND_QUEUE,
-    MEMORY_QUEUE,
-    MEMORY_PLAIN_QUEUE,
-    WORKER_OURS_QUEUE,
-    WORKER_PLAIN_QUEUE,
-    WORKER_RECEIVED_QUEUE,
-    E2E_QUEUE,
-    RECOVERY_QUEUE,
+    ENV_ALL_TASKS,
+    ENV_LEASE,
+    ENV_PARK_RECEIVED,
+    ENV_PRECISE,
+    ENV_PREFETCH,
+    ENV_RESULTS,
+    ENV_TICK,
+    ENV_URL,
+    KEY_PREFIX,
+    QUEUES,
+    server_ms,
 )
 
 
@@ -90,12 +67,6 @@ class BenchApp:
     plain_sleeper: Any  # @app.task(acks_late=True): the same, for Celery's own calls
 
 
-def server_ms(client: redis.Redis) -> int:
-    """The Redis server's clock in ms, the clock due times are scored by."""
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def build(
     url: str,
     *,
@@ -108,6 +79,7 @@ def build(
     park_received: bool = False,
     prefetch: int = 1,
     lease: float | None = None,
+    all_tasks: bool = False,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
@@ -133,6 +105,8 @@ def build(
         conf["redisdelay_precise_release"] = True
     if park_received:
         conf["redisdelay_park_received"] = True
+    if all_tasks:
+        conf["redisdelay_all_tasks"] = True
     if lease is not None:
         conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
     app.conf.update(conf)
@@ -176,6 +150,7 @@ def from_environment() -> BenchApp:
         results=os.environ.get(ENV_RESULTS) == "1",
         prefetch=int(os.environ.get(ENV_PREFETCH, "1")),
         lease=float(os.environ[ENV_LEASE]) if os.environ.get(ENV_LEASE) else None,
+        all_tasks=os.environ.get(ENV_ALL_TASKS) == "1",
         set_as_current=True,
     )
 

@@ -27,7 +27,8 @@ from typing import Any
 
 import redis
 
-from .app import ENV_URL, RELEASE_QUEUE, build
+from .app import build
+from .common import ENV_URL, RELEASE_QUEUE
 
 DEADLINE = 600.0  # seconds a release may take before the process gives up
 WAIT_FOR_START = 600.0

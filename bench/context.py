@@ -30,6 +30,7 @@ class Sizes:
     release_cluster: int  # due calls released from a Redis Cluster store, baseline and scaled alike
     dashboard: int  # parked calls behind the dashboard's pages
     e2e: int  # calls due now, run end to end by one worker, each side
+    burst: int  # calls due at one instant, drained by one worker, each side
 
 
 NORMAL = Sizes(
@@ -47,6 +48,7 @@ NORMAL = Sizes(
     release_cluster=60_000,
     dashboard=1_000_000,
     e2e=5000,
+    burst=5000,
 )
 QUICK = Sizes(
     park_single=500,
@@ -63,6 +65,7 @@ QUICK = Sizes(
     release_cluster=6000,
     dashboard=20_000,
     e2e=300,
+    burst=200,
 )
 
 

@@ -13,7 +13,16 @@ from pathlib import Path
 from celery_redisdelay.testing import CeleryProcess, wait_for
 from celery_redisdelay.testing import beat as beat_process
 
-from .app import ENV_LEASE, ENV_PARK_RECEIVED, ENV_PRECISE, ENV_PREFETCH, ENV_RESULTS, ENV_TICK, ENV_URL
+from .common import (
+    ENV_ALL_TASKS,
+    ENV_LEASE,
+    ENV_PARK_RECEIVED,
+    ENV_PRECISE,
+    ENV_PREFETCH,
+    ENV_RESULTS,
+    ENV_TICK,
+    ENV_URL,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "bench.app"
@@ -65,8 +74,10 @@ class Processes:
         results: bool = False,
         prefetch: int = 1,
         lease: float | None = None,
+        all_tasks: bool = False,
     ) -> dict[str, str]:
         return {
+            ENV_ALL_TASKS: "1" if all_tasks else "0",
             ENV_PREFETCH: str(prefetch),
             ENV_LEASE: "" if lease is None else str(lease),
             ENV_RESULTS: "1" if results else "0",
@@ -78,8 +89,8 @@ class Processes:
             "PYTHONUNBUFFERED": "1",  # their output reaches the log file as it is written
         }
 
-    def _start(self, command: list[str], env: dict[str, str]) -> CeleryProcess:
-        return self._track(CeleryProcess(APP, command, env, str(ROOT)))
+    def _start(self, command: list[str], env: dict[str, str], app: str = APP) -> CeleryProcess:
+        return self._track(CeleryProcess(app, command, env, str(ROOT)))
 
     def _track(self, process: CeleryProcess) -> CeleryProcess:
         self.running.append(process)
@@ -99,8 +110,10 @@ class Processes:
         results: bool = False,
         prefetch: int = 1,
         lease: float | None = None,
+        app: str = APP,
+        all_tasks: bool = False,
     ) -> CeleryProcess:
-        """A worker, waited for until it is ready."""
+        """A worker of ``app`` (the bench's own by default), waited for until it is ready."""
         command = [
             "worker",
             "--loglevel=INFO",
@@ -121,7 +134,9 @@ class Processes:
                 results=results,
                 prefetch=prefetch,
                 lease=lease,
+                all_tasks=all_tasks,
             ),
+            app,
         )
         self.wait_ready(process)
         self.say(f"  worker {name} ready (pid {process.pid}, pool {pool}, queues {queues})")

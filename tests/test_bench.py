@@ -26,6 +26,7 @@ FIGURES = (
     "e2e_throughput",
     "recovery",
     "long_run",
+    "burst",
 )
 NOT_IMPLEMENTED = "not implemented"
 SKIPPED = "skipped"  # the cluster figure, on a redis-server older than 7.0 (no --cluster-port)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..context import Context
+from .burst import burst
 from .dashboard import dashboard
 from .e2e import e2e_throughput
 from .history import history_cost
@@ -33,4 +34,5 @@ FIGURES: dict[str, Figure] = {
     "e2e_throughput": e2e_throughput,
     "recovery": recovery,
     "long_run": long_run,
+    "burst": burst,
 }

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..app import DEFAULT_QUEUE, server_ms
+from ..common import DEFAULT_QUEUE, server_ms
 from ..context import Context
 from ..fill import template, write_copies
 from ..processes import mem_available_bytes

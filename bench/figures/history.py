@@ -21,7 +21,7 @@ from typing import Any
 from celery_redisdelay.store import scripts as store_scripts
 from celery_redisdelay.store.calls import CallStore, text
 
-from ..app import RELEASE_QUEUE
+from ..common import RELEASE_QUEUE
 from ..context import Context
 from ..fill import park_copies, template
 from ..report import Row, ratio

@@ -16,7 +16,8 @@ from typing import Any
 
 from celery_redisdelay.testing import wait_for
 
-from ..app import DEFAULT_QUEUE, BenchApp, build, server_ms
+from ..app import BenchApp, build
+from ..common import DEFAULT_QUEUE, server_ms
 from ..context import Context
 from ..fill import Template, park_copies, template
 from ..processes import mem_available_bytes

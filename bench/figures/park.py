@@ -6,7 +6,8 @@ import time
 import uuid
 from typing import Any
 
-from ..app import PARK_PLAIN_QUEUE, PARK_QUEUE, build
+from ..app import build
+from ..common import PARK_PLAIN_QUEUE, PARK_QUEUE
 from ..context import Context
 from ..fill import CHUNK, template
 from ..report import NOT_IMPLEMENTED, Row, ratio

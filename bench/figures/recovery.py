@@ -26,7 +26,8 @@ from typing import Any
 
 from celery_redisdelay.testing import wait_for
 
-from ..app import RECOVERY_QUEUE, BenchApp, build, server_ms
+from ..app import BenchApp, build
+from ..common import RECOVERY_QUEUE, server_ms
 from ..context import Context
 from ..report import Row
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..app import MEMORY_PLAIN_QUEUE as PLAIN_QUEUE
-from ..app import MEMORY_QUEUE as PARK_QUEUE
+from ..common import MEMORY_PLAIN_QUEUE as PLAIN_QUEUE
+from ..common import MEMORY_QUEUE as PARK_QUEUE
 from ..context import Context
 from ..report import Row, ratio
 

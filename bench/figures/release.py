@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..app import RELEASE_QUEUE, SEND_QUEUE
+from ..common import RELEASE_QUEUE, SEND_QUEUE
 from ..context import Context
 from ..fill import park_copies, template, write_copies
 from ..report import Row, ratio

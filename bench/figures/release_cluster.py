@@ -21,7 +21,8 @@ from redis.crc import key_slot
 from celery_redisdelay.testing import CeleryProcess, wait_for
 from celery_redisdelay.testing.topologies import LocalCluster, TopologyUnavailable
 
-from ..app import RELEASE_QUEUE, build
+from ..app import build
+from ..common import RELEASE_QUEUE
 from ..context import Context
 from ..processes import cpu_seconds
 from ..report import SKIPPED, Row, ratio

@@ -9,9 +9,9 @@ from typing import Any
 
 from celery_redisdelay.testing import CeleryProcess, wait_for
 
-from ..app import WORKER_OURS_QUEUE as OURS_QUEUE
-from ..app import WORKER_PLAIN_QUEUE as PLAIN_QUEUE
-from ..app import WORKER_RECEIVED_QUEUE as RECEIVED_QUEUE
+from ..common import WORKER_OURS_QUEUE as OURS_QUEUE
+from ..common import WORKER_PLAIN_QUEUE as PLAIN_QUEUE
+from ..common import WORKER_RECEIVED_QUEUE as RECEIVED_QUEUE
 from ..context import Context
 from ..processes import rss_mb
 from ..report import Row
