@@ -19,6 +19,7 @@ from .message.marks import received_from_store
 from .release.precise import PreciseReleasers
 from .worker.leases import Leases, delivery_tag, running_ids
 from .worker.received import ReceivedParking
+from .worker.stale import StaleDeliveries
 from .worker.tracking import drop_revoked, parks_calls_of
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,18 @@ class DurableRevokeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         make_revokes_durable()
+
+
+class StaleDeliveryStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
+    """The worker drops a redelivered message of a parked call that is not the call's current delivery
+    (:mod:`celery_redisdelay.worker.stale`). Set up before the worker's consumer makes its message handlers."""
+
+    label = "redisdelay stale deliveries"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        depot = RedisDelay.of(worker.app).depot
+        StaleDeliveries(depot, lambda task: parks_calls_of(depot, task)).install(worker.app.tasks)
 
 
 class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped

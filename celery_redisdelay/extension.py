@@ -93,6 +93,7 @@ class RedisDelay:
         app.steps["worker"].add("celery_redisdelay.bootsteps:PreciseReleaseStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:DurableRevokeStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:ParkReceivedStep")
+        app.steps["worker"].add("celery_redisdelay.bootsteps:StaleDeliveryStep")
         if app.configured:
             self._install_schedule(app.conf)
         app.on_after_configure.connect(self._on_configured, weak=False)

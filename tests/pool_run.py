@@ -84,12 +84,21 @@ class PoolRun:
 
 @contextlib.contextmanager
 def pool_worker(
-    server: RedisServer, pool: str, *, concurrency: int = 2, hostname: str | None = None, **conf: Any
+    server: RedisServer,
+    pool: str,
+    *,
+    concurrency: int = 2,
+    hostname: str | None = None,
+    start: bool = True,
+    **conf: Any,
 ) -> Iterator[PoolRun]:
+    """A run whose worker is ready (with ``start`` False, not started: the test starts it); its output is
+    printed when the block fails."""
     run = PoolRun(server, pool, concurrency, conf, hostname)
-    run.worker.start()
     try:
-        wait_for(lambda: "ready." in run.worker.output(), 60, f"the {pool} worker to be ready")
+        if start:
+            run.worker.start()
+            wait_for(lambda: "ready." in run.worker.output(), 60, f"the {pool} worker to be ready")
         yield run
     except BaseException:
         print(run.output())

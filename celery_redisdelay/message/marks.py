@@ -24,6 +24,26 @@ def delivered_from_store(call_id: str, delivery_tag: Any, headers: Mapping[str, 
     return bool(headers and headers.get(PARKED_HEADER))
 
 
+def delivery_number(call_id: str, delivery_tag: Any, headers: Mapping[str, Any] | None) -> int | None:
+    """Which delivery of the parked call ``call_id`` a message is: its tag's ``<n>``, or for one published
+    through kombu 1 + its ``x-delivery-count`` header (the deliveries before it); None when it is none."""
+    prefix, dot, number = str(delivery_tag or "").rpartition(".")
+    if dot and prefix == call_id and number.isdigit():
+        return int(number)
+    if not (headers and headers.get(PARKED_HEADER)):
+        return None
+    earlier = headers.get("x-delivery-count") or 0
+    return 1 + earlier if isinstance(earlier, int) and earlier >= 0 else None
+
+
+def redelivered(message: Any) -> bool:
+    """Whether a received message says it was delivered before: kombu's restore and a broker's requeue set
+    ``delivery_info['redelivered']`` (kombu's Redis transport the header too), as the store's redeliveries do."""
+    info = getattr(message, "delivery_info", None) or {}
+    headers = getattr(message, "headers", None) or {}
+    return bool(info.get("redelivered") or headers.get("redelivered"))
+
+
 def request_from_store(request: Any) -> bool:
     """:func:`delivered_from_store` for a running task's ``self.request`` (a pool process's view)."""
     properties = getattr(request, "properties", None) or {}

@@ -41,6 +41,7 @@ STORE_SCRIPTS = (
     "adopt",
     "lease",
     "track",
+    "delivery",
 )
 STANDALONE_SCRIPTS = ("validate_consume", "lock_extend")
 

@@ -1,0 +1,82 @@
+"""A redelivered message of a parked call runs only if it is the call's current delivery.
+
+Besides the store's own redelivery (the sweep, once a call's lease or deadline ran out), a broker can deliver
+a message again: kombu's Redis transport restores the messages a dead worker held after its visibility
+timeout (where the broker is not the store's Redis; on the store's own server the sweep removes them), and
+RabbitMQ requeues them as soon as the worker's connection drops. Both mark the message redelivered. The
+worker's message handler of each task whose calls may be parked asks the store about such a message before
+Celery's handler gets it (``delivery.lua``, one round trip, for redelivered messages only): a message of an
+older delivery than the call's current one, or of a call that is finished, cancelled, parked again or
+dead-lettered, is acknowledged and dropped, and logged. A message the store cannot be asked about runs
+(at-least-once). First deliveries are not asked about: they cost nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from celery.utils.imports import instantiate
+
+from ..errors import RedisDelayError
+from ..message.marks import delivery_number, redelivered
+
+if TYPE_CHECKING:
+    from ..store.depot import Depot
+
+logger = logging.getLogger(__name__)
+
+#: The attribute a task's original strategy is kept under, so that it is wrapped once.
+ORIGINAL = "_redisdelay_stale_strategy"
+
+
+class StaleDeliveries:
+    """Drops the redelivered messages of parked calls that are not the call's current delivery."""
+
+    def __init__(self, depot: Depot, owns: Callable[[Any], bool]) -> None:
+        self.depot = depot
+        self.owns = owns  # whether a task's calls may be parked in this depot
+
+    def install(self, tasks: Any) -> int:
+        """Wrap the Celery strategy (message handler factory) of each task whose calls may be parked; how many."""
+        wrapped = 0
+        for task in list(tasks.values()):
+            if not self.owns(task) or getattr(task, ORIGINAL, None) is not None:
+                continue
+            setattr(task, ORIGINAL, task.Strategy)
+            task.Strategy = functools.partial(_strategy, stale=self, original=task.Strategy)
+            wrapped += 1
+        return wrapped
+
+    def is_stale(self, message: Any) -> bool:
+        """Whether a received message is a redelivery the store says is not the call's current delivery."""
+        if not redelivered(message):
+            return False
+        headers = getattr(message, "headers", None) or {}
+        call_id = headers.get("id")
+        number = delivery_number(str(call_id), getattr(message, "delivery_tag", None), headers)
+        if call_id is None or number is None:
+            return False  # not a delivery of a parked call
+        try:
+            current = self.depot.shards.first(str(call_id), lambda store: store.current(str(call_id), number))
+        except RedisDelayError as exc:
+            logger.warning("redisdelay: could not check redelivered call %s; it runs: %s", call_id, exc)
+            return False
+        if not current:
+            logger.info("redisdelay: dropped delivery %d of call %s: it is not the call's current one", number, call_id)
+        return not current
+
+
+def _strategy(task: Any, app: Any, consumer: Any, *, stale: StaleDeliveries, original: Any, **options: Any) -> Any:
+    """A task's message handler: Celery's own (``original``), after stale redeliveries are dropped."""
+    handle: Callable[..., Any] = instantiate(original, task, app, consumer, **options)
+
+    def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
+        if stale.is_stale(message):
+            ack(logger, consumer.connection_errors)  # as Celery's request acknowledges
+            return None
+        return handle(message, body, ack, reject, callbacks, **more)
+
+    return handler

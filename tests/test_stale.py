@@ -1,0 +1,98 @@
+"""A redelivered message of a parked call runs only if it is the call's current delivery: the store's answer
+(``delivery.lua``), the marks a message carries, and a real worker that receives both kombu's restore of an old
+delivery and the sweep's new one, and runs the call once."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from kombu import Consumer, Queue
+
+from celery_redisdelay import RedisDelay
+from celery_redisdelay.message.marks import PARKED_HEADER, delivery_number, redelivered
+from celery_redisdelay.testing import RedisServer, wait_for
+from tests.pool_run import pool_worker
+from tests.test_leases import ENVELOPE, LONG_MS, in_flight
+from tests.test_store import entry
+
+
+def test_the_store_says_which_delivery_is_current(rd: RedisDelay, client: redis.Redis) -> None:
+    in_flight(rd, "call")  # delivery 1, in flight
+    assert rd.store.current("call", 1)
+    client.zadd(rd.keys.inflight, {"call": 0})
+    assert rd.store.sweep(10, 5) == (1, 0)
+    assert rd.store.current("call", 1), "swept, not yet delivered again: the start takes it back"
+    assert [c.id for c in rd.store.claim(10, LONG_MS)] == ["call"] and rd.store.confirm(["call"], LONG_MS) == 1
+    assert entry(rd, "call").meta["d"] == 2
+    assert not rd.store.current("call", 1), "a later delivery was made"
+    assert rd.store.current("call", 2)
+    assert rd.store.ack("call")
+    assert not rd.store.current("call", 2), "finished"
+
+    rd.store.park("again", ENVELOPE, {}, countdown_ms=LONG_MS)  # parked again (a retry, a lock's deferral)
+    assert not rd.store.current("again", 1)
+    assert not rd.store.current("never-parked", 1)
+    with pytest.raises(ValueError, match="a delivery number is 1 or more, not 0"):
+        rd.store.current("call", 0)
+
+
+def test_a_message_says_which_delivery_it_is() -> None:
+    assert delivery_number("abc", "abc.3", {}) == 3
+    assert delivery_number("abc", "xyz.3", {PARKED_HEADER: 1, "x-delivery-count": 2}) == 3
+    assert delivery_number("abc", "kombu-uuid", {PARKED_HEADER: 1}) == 1
+    assert delivery_number("abc", "kombu-uuid", {}) is None, "never parked"
+    assert delivery_number("abc", "kombu-uuid", {PARKED_HEADER: 1, "x-delivery-count": "2"}) is None
+
+    class Message:
+        def __init__(self, info: dict[str, Any], headers: dict[str, Any]) -> None:
+            self.delivery_info, self.headers = info, headers
+
+    assert redelivered(Message({"redelivered": True}, {}))
+    assert redelivered(Message({}, {"redelivered": True}))
+    assert not redelivered(Message({}, {}))
+
+
+def test_kombus_restore_of_an_old_delivery_is_dropped_and_the_call_runs_once(redis_server: RedisServer) -> None:
+    with pool_worker(redis_server, "solo", concurrency=1, start=False) as run:
+        key = f"{run.prefix}:runs"
+        queue = run.conf["task_default_queue"]
+        call = run.task("pools.sleep").apply_async((key, 0.0))
+        assert run.rd.tick()["released"] == 1
+        client = redis.Redis.from_url(run.conf["broker_url"])
+        # A worker takes delivery 1 and dies: kombu restores it later, marked redelivered. Before that, the
+        # call's deadline passes and the sweep delivers it again.
+        with (
+            run.app.connection_for_read() as connection,
+            Consumer(connection, [Queue(queue)], callbacks=[lambda _body, _message: None]),
+        ):
+            connection.drain_events(timeout=5)
+            assert client.llen(queue) == 0
+            client.zadd(run.rd.keys.inflight, {call.id: 0})
+            assert run.rd.tick()["requeued"] == 1
+            assert client.llen(queue) == 1, "delivery 2 waits in the queue"
+        assert client.llen(queue) == 2, "kombu restored delivery 1 beside it"
+        run.worker.start()
+        wait_for(run.settled, 60, "the call to be acknowledged")
+        wait_for(lambda: "dropped delivery 1 of call" in run.worker.output(), 30, "the worker to log the drop")
+        wait_for(lambda: client.llen(queue) == 0, 30, "both messages to be taken")
+        starts = [note for note in run.notes(key) if note["at"] == "start"]
+        assert [(note["id"], note["delivery"]) for note in starts] == [(call.id, 2)], starts
+        client.close()
+
+
+def test_a_first_delivery_asks_nothing(rd: RedisDelay) -> None:
+    from celery_redisdelay.worker.stale import StaleDeliveries
+
+    class Message:
+        def __init__(self) -> None:
+            self.delivery_info: dict[str, Any] = {}
+            self.headers = {"id": str(uuid.uuid4()), PARKED_HEADER: 1}
+            self.delivery_tag = "tag"
+
+    asked: list[str] = []
+    rd.depot.shards.first = lambda call_id, action: asked.append(call_id)  # type: ignore[method-assign,assignment,misc]
+    assert not StaleDeliveries(rd.depot, lambda task: True).is_stale(Message())
+    assert asked == [], "a first delivery costs no Redis call"
