@@ -72,6 +72,22 @@ dashboard
     and newest first, filtered by that task both ways, 900,000 calls in, and the overview; against one
     raw ZRANGE + HMGET of the same 50 entries. Target: each page < 250 ms. A search in the arguments
     that finds nothing (it reads its whole scan bound, 10,000 entries with payloads) is reported.
+e2e_throughput
+    Calls/s end to end, calls due now through one ``-P prefork -c 2`` worker with the precise releaser in
+    it, 5,000 [300] calls a round, the sides taking turns over two rounds: delayed calls against the same
+    tasks as plain Celery tasks, without and with a Redis result backend (target >= 0.95x); and a plain
+    task never parked in an app with ``redisdelay_all_tasks`` against an app without the extension
+    (``bench/plain_app.py``; target >= 0.98x).
+recovery, long_run
+    A ``-P prefork -c 1`` worker running a 20 s call and holding 50 [10] prefetched ones is SIGKILLed:
+    seconds from the kill to each call's start on a second worker, with the default 30 s lease [3 s],
+    against the same calls as plain Celery tasks watched for 75 [5] s (target: all within 45 s, none
+    lost). ``long_run``: a 3-minute [9 s] run under the lease starts once.
+burst
+    5,000 [200] calls due at one instant drained by one ``-P prefork -c 2`` worker: lateness p50/p99,
+    drain rate, worker RSS growth and Redis bytes per waiting call, for ours, Celery's own eta path and,
+    when installed (not with ``--quick``), celery-redis-plus (``bench/peer_app.py``). Targets: p99 at
+    most 1.2x Celery's; RSS growth at most 5 MB.
 """
 
 from __future__ import annotations
