@@ -76,9 +76,10 @@ class Script:
 class Outbox:
     """One process's starts and acknowledgements, waiting to be written."""
 
-    def __init__(self, depot: Depot, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, depot: Depot, sleep: Callable[[float], None] | None = None) -> None:
         self.depot = depot
-        self.sleep = sleep
+        # time.sleep looked up when it is called: under eventlet or gevent, the patched one.
+        self.sleep: Callable[[float], None] = sleep or (lambda seconds: time.sleep(seconds))
         self._fresh()
         _OUTBOXES.add(self)
 
