@@ -3,14 +3,6 @@ reason: a difference README "Differences from Celery's own countdown" names. Key
 
 from __future__ import annotations
 
-#: README "Differences", "Publish-time hooks run when the call is parked": a call rendered from a kept template
-#: leaves out the Redis result backend's subscription to its result's channel; ``get()`` subscribes when it waits.
-KEPT_TEMPLATE_SUBSCRIPTION = (
-    "the second call of a task with the same options is rendered from a kept template, which leaves out the Redis "
-    "result backend's subscription to the result's channel at the call (AsyncResult.get() subscribes when it waits); "
-    "the test looks for that channel right after the call"
-)
-
 #: README "Differences", "The running task sees no eta": the wait happened in Redis, so the released message
 #: reaches the worker without one and ``self.request.eta`` is None. The header still waits for its countdown
 #: (the test's elapsed-time check passes); only its check that each header task saw an eta fails.
@@ -21,15 +13,7 @@ NO_ETA_AT_THE_WORKER = (
 HEADER_ETA = "t.integration.test_canvas.test_chord::test_group_or_task_countdown_delays_header"
 
 DIFFERENCES: dict[str, dict[str, str]] = {
-    "delayed": {
-        "t.integration.test_tasks.test_task_redis_result_backend::test_asyncresult_forget_cancels_subscription": (
-            KEPT_TEMPLATE_SUBSCRIPTION
-        ),
-        "t.integration.test_tasks.test_task_redis_result_backend::test_asyncresult_get_cancels_subscription": (
-            KEPT_TEMPLATE_SUBSCRIPTION
-        ),
-        HEADER_ETA: NO_ETA_AT_THE_WORKER,
-    },
+    "delayed": {HEADER_ETA: NO_ETA_AT_THE_WORKER},
     # The header's tasks are plain tasks with a countdown, which this mode parks as a delayed task parks them.
     "all-tasks": {HEADER_ETA: NO_ETA_AT_THE_WORKER},
 }

@@ -238,16 +238,24 @@ def test_publish_signal_receivers_get_every_call_from_celery(rd: RedisDelay) -> 
     assert rd.templates._made, "a template once nobody listens"
 
 
-def test_a_result_is_waited_for_without_a_subscription_at_the_park(make_app: MakeApp, redis_server: Any) -> None:
-    """The Redis result backend subscribes to a task's result when the call is sent; a call rendered
-    from a template leaves that to ``get()``, which subscribes and also reads a result stored before."""
+def test_a_call_rendered_from_a_template_subscribes_to_its_result_as_celery_does(
+    make_app: MakeApp, redis_server: Any
+) -> None:
+    """The Redis result backend subscribes to a task's result when the call is sent (Celery's ``send_task``
+    calls ``on_task_call``); a call rendered from a template does the same, and ``get()`` hears it."""
     app, rd = make_app(result_backend=f"{redis_server.url}/6")
 
     @rd.delayed(name="tests.templates.answer")
     def answer() -> int: ...
 
+    def subscribed(call_id: str) -> bool:
+        return app.backend.get_key_for_task(call_id) in app.backend.result_consumer.subscribed_to
+
     results = [answer.apply_async(countdown=60) for _ in range(4)]
-    assert rd.templates._made and results[-1].id not in app.backend.result_consumer.subscribed_to
+    assert rd.templates._made
+    assert all(subscribed(result.id) for result in results), "rendered or built by Celery, each subscribes"
+    ignored = answer.apply_async(countdown=60, ignore_result=True)
+    assert not subscribed(ignored.id), "as Celery: no result kept, no subscription"
     early, late = results[-2], results[-1]
     app.backend.store_result(early.id, 41, "SUCCESS")
     assert (early.state, early.ready(), early.get(timeout=5)) == ("SUCCESS", True, 41)

@@ -82,7 +82,7 @@ def _task_allows(task: Any, router: Any, backend: Any) -> bool:
     """What of a task, its app's router and its result backend allows a kept template: no shadow name or
     argument conversion of the task's own; routers that route by the task's name alone (mappings, not
     functions that may look at the arguments); a backend whose ``on_task_call`` does nothing, or is the
-    Redis backend's subscription to the result, which ``AsyncResult.get()`` makes itself when it waits."""
+    Redis backend's subscription to the result, which the park of a rendered call makes as Celery does."""
     if (
         type(task).shadow_name is not Task.shadow_name
         or getattr(task, "__v2_compat__", False)

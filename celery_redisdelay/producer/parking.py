@@ -76,10 +76,21 @@ def parking_producer(
 
 
 def park_from(
-    depot: Depot, kept: Kept, task: Any, call_id: str, args: Any, kwargs: Any, due: Due, mode: str, key: str
+    depot: Depot,
+    kept: Kept,
+    task: Any,
+    call_id: str,
+    args: Any,
+    kwargs: Any,
+    due: Due,
+    mode: str,
+    key: str,
+    ignore_result: bool,
 ) -> tuple[int, str]:
     """Park a call rendered from a kept template, without Celery: (status, id), as the parking
-    producer's ``outcome``. The arguments are checked as Celery checks them first."""
+    producer's ``outcome``. The arguments are checked as Celery checks them first, and the result backend
+    hears of the call as Celery's ``send_task`` tells it, before the message goes (the Redis backend
+    subscribes to the result's channel; kept templates allow no other backend that does anything here)."""
     args, kwargs = args or (), kwargs or {}
     if not isinstance(args, list | tuple):
         raise TypeError("task args must be a list or tuple")
@@ -89,6 +100,8 @@ def park_from(
         task.__header__(*args, **kwargs)
     stored = kept.template.render(call_id, args, kwargs)
     depot.check_size(kept.template.task, len(stored))
+    if not ignore_result:
+        task._get_app().backend.on_task_call(None, call_id)
     meta = meta_json(kept.meta, key) if mode else kept.stored_meta
     status, _, holder = depot.shards.home(call_id).park_keyed(
         call_id, stored, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
@@ -103,14 +116,15 @@ def park_call(
     kwargs: Any,
     task_id: str | None,
     options: dict[str, Any],
-    build: Callable[[str, Any, dict[str, Any]], None],
+    build: Callable[[str, Any, dict[str, Any]], Any],
     ignore_result: bool,
     built_by: tuple[str, dict[str, Any]],
 ) -> AsyncResult:
     """Park a call of ``task`` by ``rules`` (a delayed task is its own rules): ``build(call_id, producer,
     options)`` makes Celery build and publish its message through the parking producer (``apply_async`` and
-    ``app.send_task`` each pass their own). The result is marked ``ignored`` as Celery marks it (``get()``
-    then returns None at once).
+    ``app.send_task`` each pass their own) and returns Celery's result. That result is the call's: dropped,
+    it would end the Redis result backend's subscription Celery made at the call. The result is marked
+    ``ignored`` as Celery marks it (``get()`` then returns None at once).
     ``built_by`` names the call behind ``build`` and the options it takes by name besides
     ``options``: calls alike in all of it share a template."""
     capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
@@ -131,20 +145,24 @@ def park_call(
     via, named = built_by
     kept_key = template_key(task, via, {**options, **named}, limits) if capture is None else None
 
+    made: dict[str, AsyncResult] = {}  # Celery's results of the calls it built, by id
+
     def send(call_id: str) -> tuple[int, str]:
         kept = templates.get(kept_key)
         if kept is not None:
-            return park_from(depot, kept, task, call_id, args, kwargs, due, mode, key)
+            return park_from(depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result)
         learn = kept_key if templates.wanted(kept_key) else None
         given = (args, kwargs) if learn is not None else None
         with parking_producer(depot, templates, call_id, due, limits, mode, key, capture, learn, given) as parking:
             try:
-                build(call_id, parking, dict(options))
+                built = build(call_id, parking, dict(options))
             except OperationalError as exc:
                 # Celery's send_task wraps connection errors in kombu's; the caller should see ours.
                 if isinstance(exc.__cause__, StoreUnavailableError):
                     raise exc.__cause__ from exc.__cause__.__cause__
                 raise
+            if isinstance(built, AsyncResult):
+                made[call_id] = built
             return parking.outcome
 
     # A keyed call lives beside its key, a locked call beside its lock: both are one script then.
@@ -164,24 +182,27 @@ def park_call(
         holder = shards.for_name(key).holder(key)
         if holder is None:
             holder = send(task_id or fresh())[1]
-        return _result(task, holder, ignore_result)
+        return _result(task, holder, ignore_result, made)
     if mode == "debounce":
         # The replacing call takes the id of the call it replaces, so its message is built with it.
         candidate = shards.for_name(key).holder(key) or task_id or fresh()
         for _ in range(DEBOUNCE_ATTEMPTS):
             status, holder = send(candidate)
             if status != CONFLICT:
-                return _result(task, holder, ignore_result)
+                return _result(task, holder, ignore_result, made)
             candidate = holder or fresh()
         raise RedisDelayError(
             f"could not park {task.name} under debounce key {key!r}: other producers kept changing it "
             f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
         )
-    return _result(task, send(task_id or fresh())[1], ignore_result)
+    return _result(task, send(task_id or fresh())[1], ignore_result, made)
 
 
-def _result(task: Any, call_id: str, ignored: bool) -> AsyncResult:
-    result = task.AsyncResult(call_id)
+def _result(task: Any, call_id: str, ignored: bool, made: dict[str, AsyncResult]) -> AsyncResult:
+    """The call's result: Celery's own when Celery built the call kept (see :func:`park_call`), else a new one."""
+    result = made.get(call_id)
+    if result is None:
+        result = task.AsyncResult(call_id)
     result.ignored = ignored
     return result
 
@@ -201,8 +222,8 @@ def park_sent(task: Any, rules: CallRules, given: dict[str, Any], send_task: Cal
     built_as = {"task_type": task_type} if task_type is not None else {}
     options.update(given)
 
-    def build(call_id: str, parking: Any, rest: dict[str, Any]) -> None:
-        send_task(task.name, args, kwargs, task_id=call_id, producer=parking, **built_as, **rest)
+    def build(call_id: str, parking: Any, rest: dict[str, Any]) -> Any:
+        return send_task(task.name, args, kwargs, task_id=call_id, producer=parking, **built_as, **rest)
 
     ignore_result = bool(options.get("ignore_result"))
     parked = park_call(task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}))

@@ -52,8 +52,10 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
     ) -> AsyncResult:
         """Park the call in Redis until it is due (Celery's ``apply_async``, with the same options)."""
 
-        def build(call_id: str, parking: Any, rest: dict[str, Any]) -> None:
-            super(DelayedTask, self).apply_async(args, kwargs, call_id, parking, link, link_error, shadow, **rest)
+        def build(call_id: str, parking: Any, rest: dict[str, Any]) -> AsyncResult:
+            return super(DelayedTask, self).apply_async(
+                args, kwargs, call_id, parking, link, link_error, shadow, **rest
+            )
 
         if self._get_app().conf.task_always_eager:
             self.call_options(args, kwargs, options)  # checked as when parking, then dropped
@@ -71,7 +73,7 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
         kwargs: Any,
         task_id: str | None,
         options: dict[str, Any],
-        build: Callable[[str, Any, dict[str, Any]], None],
+        build: Callable[[str, Any, dict[str, Any]], Any],
         ignore_result: bool,
         built_by: tuple[str, dict[str, Any]],
     ) -> AsyncResult:
