@@ -256,6 +256,13 @@ def test_a_call_rendered_from_a_template_subscribes_to_its_result_as_celery_does
     assert all(subscribed(result.id) for result in results), "rendered or built by Celery, each subscribes"
     ignored = answer.apply_async(countdown=60, ignore_result=True)
     assert not subscribed(ignored.id), "as Celery: no result kept, no subscription"
+
+    @app.task(name="tests.templates.plain_answer", shared=False)
+    def plain_answer() -> int: ...
+
+    # The same calls under plain @app.task, sent by Celery itself: the same subscriptions.
+    assert subscribed(plain_answer.apply_async(countdown=60).id)
+    assert not subscribed(plain_answer.apply_async(countdown=60, ignore_result=True).id)
     early, late = results[-2], results[-1]
     app.backend.store_result(early.id, 41, "SUCCESS")
     assert (early.state, early.ready(), early.get(timeout=5)) == ("SUCCESS", True, 41)

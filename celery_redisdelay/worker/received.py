@@ -23,7 +23,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from celery.utils.imports import instantiate
 from celery.worker.state import revoked
 
 from ..errors import RedisDelayError
@@ -31,6 +30,7 @@ from ..message.envelope import EnvelopeError
 from ..message.received import envelope_of
 from ..producer.adoption import park_waiting, waiting_due_ms
 from ..store.calls import CONFLICT, BrokerCopy
+from . import strategies
 
 if TYPE_CHECKING:
     from ..producer.rules import CallRules
@@ -48,16 +48,28 @@ class ReceivedParking:
         self.rules_of = rules_of
 
     def install(self, tasks: Any) -> int:
-        """Wrap the Celery strategy (message handler factory) of each task whose calls may be parked; how many."""
-        wrapped = 0
-        for task in list(tasks.values()):
+        """Wrap the message handler of each task whose calls may be parked (see :mod:`.strategies`); how many."""
+
+        def step_for(task: Any) -> Callable[[Any], bool] | None:
             rules = self.rules_of(task)
-            if rules is None or getattr(task, "_redisdelay_strategy", None) is not None:
-                continue
-            task._redisdelay_strategy = task.Strategy
-            task.Strategy = functools.partial(_strategy, parking=self, rules=rules, original=task.Strategy)
-            wrapped += 1
-        return wrapped
+            return None if rules is None else functools.partial(self.park_if_waiting, rules=rules)
+
+        return strategies.wrap(tasks, "_redisdelay_strategy", step_for)
+
+    def park_if_waiting(self, message: Any, rules: CallRules) -> bool:
+        """Park ``message`` if it is one to park; whether it was taken (parked, or a call another worker took).
+        Nothing is taken when Redis fails: Celery holds the message, as it would without the extension."""
+        due_ms = self.due_ms(message)
+        if due_ms is None:
+            return False
+        try:
+            status = self.take(message, rules, due_ms)
+        except (RedisDelayError, EnvelopeError) as exc:
+            logger.warning("redisdelay: could not park received call %s: %s", message.headers.get("id"), exc)
+            return False
+        if status == CONFLICT:
+            logger.info("redisdelay: received call %s was taken by another worker", message.headers["id"])
+        return True
 
     def due_ms(self, message: Any) -> int | None:
         """When a received message is due, if it is one to park (:func:`waiting_due_ms`) and this worker has
@@ -79,27 +91,3 @@ class ReceivedParking:
         prefix = self.depot.broker_layout.global_keyprefix
         keys = (prefix + channel.unacked_key, prefix + channel.unacked_index_key)
         return BrokerCopy("unacked", keys, message.delivery_tag)
-
-
-def _strategy(
-    task: Any, app: Any, consumer: Any, *, parking: ReceivedParking, rules: CallRules, original: Any, **options: Any
-) -> Callable[..., Any]:
-    """A task's message handler: Celery's own (``original``), with eta messages to park taken first."""
-    handle: Callable[..., Any] = instantiate(original, task, app, consumer, **options)
-
-    def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
-        due_ms = parking.due_ms(message)
-        if due_ms is not None:
-            try:
-                status = parking.take(message, rules, due_ms)
-            except (RedisDelayError, EnvelopeError) as exc:
-                # Nothing was stored: Celery holds the message, as it would without the extension.
-                logger.warning("redisdelay: could not park received call %s: %s", message.headers.get("id"), exc)
-            else:
-                if status == CONFLICT:
-                    logger.info("redisdelay: received call %s was taken by another worker", message.headers["id"])
-                ack(logger, consumer.connection_errors)  # as Celery's request acknowledges
-                return None
-        return handle(message, body, ack, reject, callbacks, **more)
-
-    return handler

@@ -13,15 +13,13 @@ dead-lettered, is acknowledged and dropped, and logged. A message the store cann
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from celery.utils.imports import instantiate
-
 from ..errors import RedisDelayError
 from ..message.marks import delivery_number, redelivered
+from . import strategies
 
 if TYPE_CHECKING:
     from ..store.depot import Depot
@@ -40,15 +38,8 @@ class StaleDeliveries:
         self.owns = owns  # whether a task's calls may be parked in this depot
 
     def install(self, tasks: Any) -> int:
-        """Wrap the Celery strategy (message handler factory) of each task whose calls may be parked; how many."""
-        wrapped = 0
-        for task in list(tasks.values()):
-            if not self.owns(task) or getattr(task, ORIGINAL, None) is not None:
-                continue
-            setattr(task, ORIGINAL, task.Strategy)
-            task.Strategy = functools.partial(_strategy, stale=self, original=task.Strategy)
-            wrapped += 1
-        return wrapped
+        """Wrap the message handler of each task whose calls may be parked (see :mod:`.strategies`); how many."""
+        return strategies.wrap(tasks, ORIGINAL, lambda task: self.is_stale if self.owns(task) else None)
 
     def is_stale(self, message: Any) -> bool:
         """Whether a received message is a redelivery the store says is not the call's current delivery."""
@@ -67,16 +58,3 @@ class StaleDeliveries:
         if not current:
             logger.info("redisdelay: dropped delivery %d of call %s: it is not the call's current one", number, call_id)
         return not current
-
-
-def _strategy(task: Any, app: Any, consumer: Any, *, stale: StaleDeliveries, original: Any, **options: Any) -> Any:
-    """A task's message handler: Celery's own (``original``), after stale redeliveries are dropped."""
-    handle: Callable[..., Any] = instantiate(original, task, app, consumer, **options)
-
-    def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
-        if stale.is_stale(message):
-            ack(logger, consumer.connection_errors)  # as Celery's request acknowledges
-            return None
-        return handle(message, body, ack, reject, callbacks, **more)
-
-    return handler
