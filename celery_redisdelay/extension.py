@@ -23,7 +23,7 @@ from .producer.kept import TemplateCache
 from .producer.locks import Lock
 from .producer.parking import park_sent
 from .producer.parking_producer import ParkingProducer
-from .producer.rules import CallRules, check_lock_options
+from .producer.rules import CallRules, check_limit_options, check_lock_options
 from .producer.schedule import resolve_due
 from .producer.task import ROUTING_OPTIONS, DelayedTask, combined_base
 from .release.releaser import Releaser, Releasers, TickReport
@@ -228,7 +228,9 @@ class RedisDelay:
 
         Options: ``countdown`` (default seconds to wait), ``timeout`` (visibility timeout of a run),
         ``max_deliveries``; ``lock``, ``lock_timeout``, ``lock_retry`` (a lock the call holds while it
-        runs, see :class:`DelayedTask`); ``queue``, ``routing_key``, ``exchange``, ``priority`` (the
+        runs, see :class:`DelayedTask`); ``limit_rate``, ``limit_concurrency``, ``limit_key``, ``limit_quota``
+        (limits that hold across every worker, see :mod:`celery_redisdelay.store.limits`); ``queue``,
+        ``routing_key``, ``exchange``, ``priority`` (the
         task's routing defaults, which calls and ``task_routes`` can override); any other option of
         ``app.task`` (``name``, ``bind``, ``max_retries``, ...). Tasks are not shared with other apps.
         """
@@ -266,6 +268,7 @@ class RedisDelay:
         def decorate(function: F) -> Any:
             # Checked here: app.task may return a lazy proxy that builds the task class later.
             check_lock_options(function, task_options)
+            check_limit_options(function, task_options)
             if issubclass(task_options["base"], batch.BatchedTask):
                 check_batch_options(function, task_options)
             # The name Celery will give it (``_task_from_fun``), known now so that send_task can tell a

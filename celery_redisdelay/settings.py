@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_park_received_after": 1.0,
     "redisdelay_lease": 30.0,
     "redisdelay_lease_renewal": 10.0,
+    "redisdelay_quotas": None,  # checked by store/limits.py when a call names a quota
 }
 
 

@@ -193,6 +193,33 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
         """Hold the order's lock while running (a busy lock defers the call)."""
         notes.add(rd, key, self.request, order=order)
 
+    # Limits (tests/test_limits.py): each run notes when it started and ended, under ``key``.
+    def limited_run(self: Any, key: str, seconds: float, **fields: Any) -> None:
+        note = {"id": self.request.id, "task": self.name, "start": time.time() * 1000, **fields}
+        time.sleep(seconds)
+        note["end"] = time.time() * 1000
+        notes.client().rpush(key, json.dumps(note))
+
+    @rd.delayed(name="limits.rated", bind=True, limit_rate="20/s")
+    def rated(self: Any, key: str, n: int) -> None:
+        limited_run(self, key, 0, n=n)
+
+    @rd.delayed(name="limits.concurrent", bind=True, limit_concurrency=3)
+    def concurrent(self: Any, key: str, seconds: float) -> None:
+        limited_run(self, key, seconds)
+
+    @rd.delayed(name="limits.keyed", bind=True, limit_rate="1/s", limit_key="tenant:{tenant}")
+    def keyed(self: Any, key: str, tenant: int, n: int) -> None:
+        limited_run(self, key, 0, tenant=tenant, n=n)
+
+    @rd.delayed(name="limits.quota_a", bind=True, limit_quota="shared")
+    def quota_a(self: Any, key: str, seconds: float) -> None:
+        limited_run(self, key, seconds)
+
+    @rd.delayed(name="limits.quota_b", bind=True, limit_quota="shared")
+    def quota_b(self: Any, key: str, seconds: float) -> None:
+        limited_run(self, key, seconds)
+
     return app, rd
 
 

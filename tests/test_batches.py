@@ -30,7 +30,16 @@ from celery_redisdelay.testing import wait_for
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 WAIT = 10.0
-EMPTY = {"delayed": 0, "inflight": 0, "dead": 0, "due": 0, "inflight_expired": 0, "batch_groups": 0, "batch_items": 0}
+EMPTY = {
+    "delayed": 0,
+    "limited": 0,
+    "inflight": 0,
+    "dead": 0,
+    "due": 0,
+    "inflight_expired": 0,
+    "batch_groups": 0,
+    "batch_items": 0,
+}
 
 
 def report(**counts: int) -> dict[str, int]:

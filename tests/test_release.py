@@ -302,6 +302,7 @@ def test_concurrent_releasers_publish_each_call_exactly_once(make_app: MakeApp, 
             "inflight_expired": 0,
             "batch_groups": 0,
             "batch_items": 0,
+            "limited": 0,
         }
     finally:
         client.delete(queue)
@@ -375,6 +376,7 @@ def test_broker_unreachable_gives_the_claimed_calls_back(
         "inflight_expired": 0,
         "batch_groups": 0,
         "batch_items": 0,
+        "limited": 0,
     }
 
 

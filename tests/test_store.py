@@ -107,6 +107,7 @@ def test_life_of_a_call_park_claim_confirm_start_ack(rd: RedisDelay, client: red
         "inflight_expired": 0,
         "batch_groups": 0,
         "batch_items": 0,
+        "limited": 0,
     }
     assert store.ack("call-1") is False, "a second ack finds nothing"
 
@@ -447,6 +448,7 @@ def test_stats_counts_every_state(rd: RedisDelay, client: redis.Redis) -> None:
         "inflight_expired": 0,
         "batch_groups": 0,
         "batch_items": 0,
+        "limited": 0,
     }
     now = redis_ms(client)
     store = rd.store
@@ -464,6 +466,7 @@ def test_stats_counts_every_state(rd: RedisDelay, client: redis.Redis) -> None:
         "inflight_expired": 0,
         "batch_groups": 0,
         "batch_items": 0,
+        "limited": 0,
     }
     assert [c.id for c in store.claim(1, LONG_MS)] == ["running"]
     assert [c.id for c in store.claim(1, 1)] == ["expiring"]
@@ -477,6 +480,7 @@ def test_stats_counts_every_state(rd: RedisDelay, client: redis.Redis) -> None:
         "inflight_expired": 1,
         "batch_groups": 0,
         "batch_items": 0,
+        "limited": 0,
     }
     assert [e.id for e in store.entries("delayed")] == ["due-1", "due-2", "future"]
     assert [e.id for e in store.entries("inflight")] == ["expiring", "running"]

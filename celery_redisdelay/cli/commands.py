@@ -27,6 +27,7 @@ from ..release.precise import PreciseReleasers
 from ..store.calls import STATES
 from . import actions
 from .history import print_history
+from .limits import limits
 from .output import FORCE_OPTION, JSON_OPTION, emit, extension, on_stop_signals, pairs, say, table
 
 
@@ -51,6 +52,7 @@ def redisdelay(ctx: click.Context, **preload: Any) -> None:
 
 for _command in actions.COMMANDS:
     redisdelay.add_command(_command)
+redisdelay.add_command(limits)
 
 
 @redisdelay.command()
@@ -164,6 +166,7 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
         ("shards", f"{found['shards']:,}" + (f" (and {retired:,} retired, still read)" if retired else "")),
         ("delayed", f"{found['delayed']:,}"),
         ("  due now", f"{found['due']:,}"),
+        ("  held by limits", f"{found['limited']:,}"),
         ("  oldest overdue", _late(found["oldest_overdue"], "due", "late")),
         ("in flight", f"{found['inflight']:,}"),
         ("  past deadline", f"{found['inflight_expired']:,}"),
@@ -193,7 +196,7 @@ def _late(oldest: dict[str, Any] | None, what: str, late: str) -> str:
 def _memory(size: int | None) -> str:
     if size is None:
         return "unknown (the server refused MEMORY USAGE)"
-    return f"{size_text(size)} (estimate: MEMORY USAGE of the ten fixed keys of each shard)"
+    return f"{size_text(size)} (estimate: MEMORY USAGE of the fixed keys of each shard)"
 
 
 @redisdelay.command(name="list")

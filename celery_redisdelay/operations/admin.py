@@ -61,9 +61,10 @@ def status(depot: Depot) -> dict[str, Any]:
     (the unsharded layout among them), which are read too since they may still hold calls.
 
     ``due`` counts delayed calls already due (``oldest_overdue``: the one due longest ago);
+    ``limited`` counts the delayed calls that are due and wait on their limits (see ``limits``).
     ``inflight_expired`` counts calls in flight past their deadline (``oldest_expired``), which the next
     sweep delivers again or dead-letters. ``memory_bytes_estimate`` adds up ``MEMORY USAGE`` (which
-    samples large keys) of each shard's ten fixed keys; batch item lists and locks are not counted; None
+    samples large keys) of each shard's fixed keys; batch item lists and locks are not counted; None
     when the server refuses ``MEMORY``. ``locks_with_waiters`` counts locks with calls deferred behind
     them (the lock scripts keep the count; lines that started waiting before it was kept are not in it).
     """
@@ -75,6 +76,7 @@ def status(depot: Depot) -> dict[str, Any]:
         "inflight_expired",
         "dead",
         "batch_groups",
+        "limited",
         "batch_items",
         "locks_with_waiters",
     )
@@ -92,23 +94,27 @@ def status(depot: Depot) -> dict[str, Any]:
             pipe.zcount(keys.inflight, "-inf", now)
             pipe.zcard(keys.dead)
             pipe.zcard(keys.batches)
+            pipe.zcard(keys.gated)
             pipe.hmget(keys.counters, ["batch_items", "lock_lines"])
             pipe.zrange(keys.delayed, 0, 0, withscores=True)
             pipe.zrange(keys.inflight, 0, 0, withscores=True)
             for key in keys.store_keys:
                 pipe.memory_usage(key)
             replies = pipe.execute(raise_on_error=False)
-            counted = replies[:9]
+            counted = replies[:10]
             for reply in counted:
                 if isinstance(reply, Exception):
                     raise reply
         *counts, items, first_delayed, first_inflight = counted
         for name, count in zip(totals, [*counts, *(int(item or 0) for item in items)], strict=True):
             totals[name] += int(count)
+        # Calls due and waiting on their limits are parked still, and due.
+        totals["delayed"] += int(counts[6])
+        totals["due"] += int(counts[6])
         for state, first in (("delayed", first_delayed), ("inflight", first_inflight)):
             if first and first[0][1] <= now:
                 firsts[state].append(((now - first[0][1]) / 1000, first[0][1], text(first[0][0]), store))
-        usage = [0 if size is None else size for size in replies[9:]]  # None: the key does not exist
+        usage = [0 if size is None else size for size in replies[10:]]  # None: the key does not exist
         if memory is None or not all(isinstance(size, int) for size in usage):
             memory = None
         else:

@@ -42,6 +42,7 @@ def park_many(
     depot = task.depot
     app = task._get_app()
     one_by_one = task.lock is not None and depot.shards.count > 1  # each call goes beside its own lock
+    one_by_one = one_by_one or task.task_limits is not None  # each call with its own gate
     if app.conf.task_always_eager or options.get("compression") or one_by_one or any(k in options for k in KEYED):
         return [task.apply_async(args, kwargs, **options) for args in every]
     # Each chunk of calls goes to one shard (one script call), the chunks in turns from a random one.

@@ -15,6 +15,7 @@ from kombu.exceptions import OperationalError
 from ..errors import RedisDelayError, ScheduleError, StoreUnavailableError
 from ..message.envelope import Envelope
 from ..store.calls import CONFLICT
+from ..store.limits import Gate
 from ..store.meta import CallMeta, Limits, meta_json, routed
 from .kept import Kept, TemplateKey, template_key
 from .parking_producer import ParkingProducer
@@ -43,6 +44,7 @@ def parking_producer(
     capture: list[tuple[Envelope, Due, Limits]] | None = None,
     learn: TemplateKey | None = None,
     given: tuple[Any, Any] | None = None,
+    gate: Gate | None = None,
 ) -> Iterator[ParkingProducer]:
     """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
 
@@ -62,7 +64,14 @@ def parking_producer(
         # A broker message's metadata names the list the release script pushes it onto.
         stored_meta: Limits | CallMeta = routed(meta, fast.key) if fast else meta
         status, _, holder = depot.shards.home(task_id).park_keyed(
-            task_id, encoded, stored_meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
+            task_id,
+            encoded,
+            stored_meta,
+            countdown_ms=due.countdown_ms,
+            due_ms=due.at_ms,
+            mode=mode,
+            key=key,
+            gate=gate,
         )
         if learn is not None:
             options = dict(learn.options)
@@ -86,6 +95,7 @@ def park_from(
     mode: str,
     key: str,
     ignore_result: bool,
+    gate: Gate | None = None,
 ) -> tuple[int, str]:
     """Park a call rendered from a kept template, without Celery: (status, id), as the parking
     producer's ``outcome``. The arguments are checked as Celery checks them first, and the result backend
@@ -104,7 +114,7 @@ def park_from(
         task._get_app().backend.on_task_call(None, call_id)
     meta = meta_json(kept.meta, key) if mode else kept.stored_meta
     status, _, holder = depot.shards.home(call_id).park_keyed(
-        call_id, stored, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key
+        call_id, stored, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key, gate=gate
     )
     return status, holder
 
@@ -128,7 +138,7 @@ def park_call(
     ``built_by`` names the call behind ``build`` and the options it takes by name besides
     ``options``: calls alike in all of it share a template."""
     capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
-    limits, mode, key, lock_name = rules.call_options(args, kwargs, options)
+    limits, mode, key, lock_name, gate = rules.call_options(args, kwargs, options)
     app = task._get_app()
     for name, value in rules.routing_options.items():
         options.setdefault(name, value)
@@ -150,10 +160,12 @@ def park_call(
     def send(call_id: str) -> tuple[int, str]:
         kept = templates.get(kept_key)
         if kept is not None:
-            return park_from(depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result)
+            return park_from(depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result, gate=gate)
         learn = kept_key if templates.wanted(kept_key) else None
         given = (args, kwargs) if learn is not None else None
-        with parking_producer(depot, templates, call_id, due, limits, mode, key, capture, learn, given) as parking:
+        with parking_producer(
+            depot, templates, call_id, due, limits, mode, key, capture, learn, given, gate=gate
+        ) as parking:
             try:
                 built = build(call_id, parking, dict(options))
             except OperationalError as exc:
@@ -165,9 +177,10 @@ def park_call(
                 made[call_id] = built
             return parking.outcome
 
-    # A keyed call lives beside its key, a locked call beside its lock: both are one script then.
+    # A keyed call lives beside its key, a locked call beside its lock: both are one script then. A call under
+    # limits lives beside them (store/limits.py): its gate's state is on one shard.
     shards = depot.shards
-    beside = key or lock_name
+    beside = key or lock_name or (gate.home if gate is not None else None)
     store = shards.for_name(beside) if beside is not None else None
 
     def fresh() -> str:

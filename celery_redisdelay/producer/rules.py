@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 from ..errors import ConfigurationError, ScheduleError
 from ..store.forks import cached_property
 from ..store.keys import group_id
+from ..store.limits import LIMIT_OPTIONS, Gate, TaskLimits
 from ..store.meta import Limits
 from .schedule import lock_ms, seconds
 
@@ -34,26 +35,42 @@ def check_lock_options(function: Any, options: dict[str, Any]) -> None:
     if template is None:
         return
     name = options.get("name") or getattr(function, "__name__", "?")
-    if not isinstance(template, str) or not template:
-        raise ConfigurationError(f"lock of {name} must be a non-empty string template, not {template!r}")
     for option in ("lock_timeout", "lock_retry"):
         if option in options:
             try:
                 lock_ms(options[option], option)
             except ScheduleError as exc:
                 raise ConfigurationError(f"{name}: {exc}") from exc
+    check_template(function, options, "lock")
+
+
+def check_limit_options(function: Any, options: dict[str, Any]) -> None:
+    """Refuse, at decoration, limits that cannot work: a rate Celery's syntax does not give, a concurrency
+    below 1, a ``limit_key`` naming something that is not an argument of the task."""
+    name = str(options.get("name") or getattr(function, "__name__", "?"))
+    TaskLimits.declared(name, options)
+    if options.get("limit_key") is not None:
+        check_template(function, options, "limit_key")
+
+
+def check_template(function: Any, options: dict[str, Any], option: str) -> None:
+    """Refuse a template option (``lock``, ``limit_key``) that no call of the task could fill."""
+    template = options[option]
+    name = options.get("name") or getattr(function, "__name__", "?")
+    if not isinstance(template, str) or not template:
+        raise ConfigurationError(f"{option} of {name} must be a non-empty string template, not {template!r}")
     parameters = list(inspect.signature(function).parameters)
     if options.get("bind"):
         parameters = parameters[1:]
     try:
         fields = [field for _, field, _, _ in string.Formatter().parse(template) if field is not None]
     except ValueError as exc:
-        raise ConfigurationError(f"lock template {template!r} of {name} is malformed: {exc}") from exc
+        raise ConfigurationError(f"{option} template {template!r} of {name} is malformed: {exc}") from exc
     for field in fields:
         root = field.split(".", 1)[0].split("[", 1)[0]
         if root not in parameters:
             raise ConfigurationError(
-                f"lock template {template!r} of {name} refers to {{{field}}}, which is not an argument of "
+                f"{option} template {template!r} of {name} refers to {{{field}}}, which is not an argument of "
                 f"the task (arguments: {', '.join(parameters) or 'none'}); name arguments, as in 'order:{{order_id}}'"
             )
     # Format once with stand-ins that accept any attribute, index and format spec: what still fails
@@ -61,17 +78,21 @@ def check_lock_options(function: Any, options: dict[str, Any]) -> None:
     try:
         template.format(**dict.fromkeys(parameters, _StandIn()))
     except (KeyError, IndexError, AttributeError, ValueError, TypeError) as exc:
-        raise ConfigurationError(f"lock template {template!r} of {name} cannot be filled by any call: {exc!r}") from exc
+        raise ConfigurationError(
+            f"{option} template {template!r} of {name} cannot be filled by any call: {exc!r}"
+        ) from exc
 
 
 class CallOptions(NamedTuple):
     """A call's options of this package: the limits stored with it, its unique/debounce mode and key
-    (``""`` for none), the name of the lock it holds (None for none)."""
+    (``""`` for none), the name of the lock it holds (None for none), the gate of the limits it is under
+    (None for none)."""
 
     limits: Limits
     mode: str
     key: str
     lock_name: str | None
+    gate: Gate | None = None
 
 
 class _StandIn:
@@ -104,6 +125,10 @@ class CallRules:
     lock: ClassVar[str | None] = None
     lock_timeout: ClassVar[float] = 60.0
     lock_retry: ClassVar[float] = 5.0
+    limit_rate: ClassVar[Any] = None
+    limit_concurrency: ClassVar[int | None] = None
+    limit_key: ClassVar[str | None] = None
+    limit_quota: ClassVar[Any] = None
     _own_limits: tuple[tuple[Any, ...], Any, Limits] | None = None  # see call_limits
 
     def call_options(self, args: Any, kwargs: Any, options: dict[str, Any]) -> CallOptions:
@@ -113,7 +138,17 @@ class CallRules:
         mode, key = self._key_option({name: options.pop(name, None) for name in KEY_OPTIONS})
         # A template the arguments cannot fill fails here.
         lock_name = self.lock_name(args or (), kwargs or {}) if self.lock is not None else None
-        return CallOptions(limits, mode, key, lock_name)
+        declared = self.task_limits
+        gate = None
+        if declared is not None:
+            limit_key = self.fill("limit_key", self.limit_key, args or (), kwargs or {}) if self.limit_key else ""
+            gate = declared.gate(limit_key, self.depot.quotas)
+        return CallOptions(limits, mode, key, lock_name, gate)
+
+    @cached_property
+    def task_limits(self) -> TaskLimits | None:
+        """The limits the task's calls are under (see :mod:`~celery_redisdelay.store.limits`)."""
+        return TaskLimits.declared(self.name, {name: getattr(self, name) for name in LIMIT_OPTIONS})
 
     def _key_option(self, given: dict[str, Any]) -> tuple[str, str]:
         """(mode, index key) of a call's ``unique_key`` / ``debounce_key``; ('', '') for neither."""
@@ -156,16 +191,20 @@ class CallRules:
     def lock_name(self, args: Any, kwargs: Any) -> str:
         """The name of the lock this call holds: the ``lock`` template filled with the call's arguments."""
         assert self.lock is not None
+        return self.fill("lock", self.lock, args, kwargs)
+
+    def fill(self, option: str, template: str, args: Any, kwargs: Any) -> str:
+        """A template option (``lock``, ``limit_key``) filled with a call's arguments."""
         try:
             bound = self._run_signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.name}() called with arguments that do not fit its signature: {exc}") from exc
         bound.apply_defaults()
         try:
-            return self.lock.format(**bound.arguments)
+            return template.format(**bound.arguments)
         except (KeyError, IndexError, AttributeError, ValueError, TypeError) as exc:
             raise ConfigurationError(
-                f"lock template {self.lock!r} of {self.name} cannot be filled from the call's arguments: {exc!r}"
+                f"{option} template {template!r} of {self.name} cannot be filled from the call's arguments: {exc!r}"
             ) from exc
 
     def call_limits(self) -> Limits:

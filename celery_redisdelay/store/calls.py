@@ -22,7 +22,8 @@ from redis.cluster import RedisCluster
 
 from ..errors import NotReplicatedError, StoreUnavailableError
 from .keys import Keyspace
-from .meta import CallMeta, Limits, decode_meta, meta_json
+from .limits import Gate
+from .meta import CallMeta, Limits, decode_meta, gated_meta, meta_json
 from .scripts import Scripts
 
 STATES = ("delayed", "inflight", "dead")
@@ -183,6 +184,7 @@ class CallStore:
         due_ms: int | None = None,
         mode: str = "",
         key: str = "",
+        gate: Gate | None = None,
     ) -> tuple[int, int, str]:
         """Park a call, optionally under a unique or debounce key (``mode``): (status, due, id).
 
@@ -190,11 +192,19 @@ class CallStore:
         ``key`` stays, nothing was stored, its id is returned. :data:`CONFLICT` (debounce): ``key`` is
         held by the returned id (or by none, when ``call_id`` was used before): park again with that id.
         ``meta`` is the call's limits, or their stored form already (:func:`meta_json`, with the key).
+        ``gate`` holds the limits the call is under, if any (:mod:`~celery_redisdelay.store.limits`).
         """
         when = due_args(countdown_ms, due_ms)
         stored_meta = meta if isinstance(meta, str) else meta_json(meta, key if mode else None)
+        declared: list[str] = []
+        if gate is not None:
+            stored_meta = gated_meta(stored_meta, gate.gate)
+            declared = [part for pair in gate.declared for part in pair]
         status, due, holder = self._run(
-            "park", [call_id, envelope, stored_meta, *when, mode, key], f"park call {call_id}", replicated=True
+            "park",
+            [call_id, envelope, stored_meta, *when, mode, key, *declared],
+            f"park call {call_id}",
+            replicated=True,
         )
         return int(status), int(due), text(holder)
 
@@ -430,7 +440,8 @@ class CallStore:
     # -- reading ----------------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
-        """Counts per state, how many delayed calls are already due (overdue), and batch groups and items."""
+        """Counts per state, how many delayed calls are already due (overdue), and batch groups and items.
+        Delayed calls include those due and waiting on their limits (``limited``)."""
         with redis_errors("read the store's counts"):
             pipe = self.client.pipeline(transaction=False)
             pipe.zcard(self.keys.delayed)
@@ -438,15 +449,17 @@ class CallStore:
             pipe.zcard(self.keys.dead)
             pipe.zcard(self.keys.batches)
             pipe.hget(self.keys.counters, "batch_items")
-            delayed, inflight, dead, groups, items = pipe.execute()
+            pipe.zcard(self.keys.gated)
+            delayed, inflight, dead, groups, items, limited = pipe.execute()
             now_ms = server_ms(self.client, self.keys.delayed)
             overdue = self.client.zcount(self.keys.delayed, "-inf", now_ms)
             expired = self.client.zcount(self.keys.inflight, "-inf", now_ms)
         return {
-            "delayed": delayed,
+            "delayed": delayed + limited,
+            "limited": limited,
             "inflight": inflight,
             "dead": dead,
-            "due": overdue,
+            "due": overdue + limited,
             "inflight_expired": expired,
             "batch_groups": groups,
             "batch_items": int(items or 0),
@@ -464,6 +477,9 @@ class CallStore:
         for state, score in zip(STATES, scores, strict=True):
             if score is not None:
                 return Entry(call_id, state, score, decode_meta(meta_raw, state), envelope)
+        meta = decode_meta(meta_raw)
+        if meta.get("s") == "limited" and "lw" in meta:  # due, waiting in its gate for its limits: still parked
+            return Entry(call_id, "delayed", float(meta["lw"]), meta, envelope)
         return None
 
     def entries(self, state: str, limit: int = 100, offset: int = 0) -> list[Entry]:

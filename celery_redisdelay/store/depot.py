@@ -23,6 +23,7 @@ from .calls import CallStore, redis_errors
 from .connection import broker_is_store, connect, is_cluster
 from .forks import cached_property
 from .keys import Keyspace
+from .limits import Limit, quotas_from_conf
 from .outbox import Outbox
 from .shards import ShardSet
 
@@ -38,6 +39,11 @@ class Depot:
         """The ``redisdelay_*`` settings, read from ``app.conf`` once and checked."""
         check_protocol(self.app.conf)
         return Settings.from_conf(self.app.conf)
+
+    @cached_property
+    def quotas(self) -> dict[str, Limit]:
+        """The quotas tasks share (the ``redisdelay_quotas`` setting), checked."""
+        return quotas_from_conf(self.app.conf)
 
     @cached_property
     def client(self) -> Any:

@@ -1,7 +1,7 @@
 """Names of the Redis keys, built in one place.
 
 All keys of one call store share one hash tag (``{prefix}``, or ``{prefix:N}`` for the shards of
-``redisdelay_shards``), so every script runs on one Redis Cluster slot: the ten fixed keys, and the
+``redisdelay_shards``), so every script runs on one Redis Cluster slot: the sixteen fixed keys, and the
 per-name keys of batch groups and locks. Validation runs use their own hash tag, one per run.
 """
 
@@ -80,8 +80,38 @@ class Keyspace:
         return self._key("workers")
 
     @property
+    def limits(self) -> str:
+        """The limits calls are under, as the code declares them and as an operator set them."""
+        return self._key("limits")
+
+    @property
+    def gates(self) -> str:
+        """The gates with calls waiting on their limits, by when each may next let one go."""
+        return self._key("gates")
+
+    @property
+    def gated(self) -> str:
+        """The due calls waiting in their gates, in due order (a lex-ordered zset)."""
+        return self._key("gated")
+
+    @property
+    def slots(self) -> str:
+        """The calls in flight holding a concurrency slot of a limit (a lex-ordered zset)."""
+        return self._key("slots")
+
+    @property
+    def paces(self) -> str:
+        """Each rate limit's next theoretical arrival time (GCRA)."""
+        return self._key("paces")
+
+    @property
+    def waits(self) -> str:
+        """The gates waiting for a slot of a limit (a lex-ordered zset)."""
+        return self._key("waits")
+
+    @property
     def store_keys(self) -> list[str]:
-        """The ten keys every store script receives, in the order the scripts expect."""
+        """The sixteen keys every store script receives, in the order the scripts expect."""
         return [
             self.delayed,
             self.inflight,
@@ -93,6 +123,12 @@ class Keyspace:
             self.counters,
             self.wake,
             self.history,
+            self.limits,
+            self.gates,
+            self.gated,
+            self.slots,
+            self.paces,
+            self.waits,
         ]
 
     def batch_items(self, group: str) -> str:

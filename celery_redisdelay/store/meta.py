@@ -39,6 +39,8 @@ class CallMeta(TypedDict, total=False):
     h: str  # the worker holding it under a lease (worker/leases.py)
     g: str  # kombu's delivery tag of the delivery that worker holds
     x: int  # the hard end of its run (ms): started + r, when r is the task's own
+    lg: str  # the gate of the limits it is under (store/limits.py)
+    lw: int  # its due time, while it waits in its gate (s 'limited')
 
 
 def routed(limits: Limits, list_key: str) -> CallMeta:
@@ -68,3 +70,14 @@ def decode_meta(raw: bytes | str | None, state: str | None = None) -> CallMeta:
     if state == "inflight" and meta.get("s") == "delayed" and not meta.get("d"):
         meta.update(s="queued", d=1)
     return cast(CallMeta, meta)
+
+
+FRESH = ',"d":0,"s":"delayed"}'
+
+
+def gated_meta(stored: str, gate: str) -> str:
+    """A call's stored metadata (:func:`meta_json`) with the gate of the limits it is under, before the end
+    release.lua recognises a parked call's metadata by."""
+    if not stored.endswith(FRESH):
+        raise ValueError(f"not the metadata of a parked call: {stored!r}")
+    return f'{stored[: -len(FRESH)]},"lg":{json.dumps(gate)}{FRESH}'

@@ -11,14 +11,14 @@
 --          -1 the broker's copy was gone (another consumer took it): nothing stored
 local id, where, copy = ARGV[1], ARGV[5], ARGV[6]
 if where == 'list' then
-    if redis.call('LREM', KEYS[11], 1, copy) == 0 then
+    if redis.call('LREM', KEYS[FIXED_KEYS + 1], 1, copy) == 0 then
         return -1
     end
 elseif where == 'unacked' then
-    if redis.call('HDEL', KEYS[11], copy) == 0 then
+    if redis.call('HDEL', KEYS[FIXED_KEYS + 1], copy) == 0 then
         return -1
     end
-    redis.call('ZREM', KEYS[12], copy)
+    redis.call('ZREM', KEYS[FIXED_KEYS + 2], copy)
 end
 if redis.call('HEXISTS', PAYLOADS, id) == 1 then
     return 0

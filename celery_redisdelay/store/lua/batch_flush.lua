@@ -1,9 +1,9 @@
 -- batch_flush.lua: the tick flushes a group whose first item has waited its max wait. Several ticks
 -- may race for the same group: the one that finds it still due flushes it, the others do nothing.
--- KEYS[11]: the group's item list.
+-- KEYS[FIXED_KEYS + 1]: the group's item list.
 -- ARGV: 1 group, 2 most items in the call (the task's size), 3 id for the call, 4 meta JSON
 -- Returns: how many items went into the call (0: not due, or already flushed).
-local wrong = check_type(KEYS[11], 'list')
+local wrong = check_type(KEYS[FIXED_KEYS + 1], 'list')
 if wrong then
     return wrong
 end
@@ -13,4 +13,4 @@ local now = now_ms()
 if not due or tonumber(due) > now then
     return 0
 end
-return flush_group(KEYS[11], group, tonumber(ARGV[2]), ARGV[3], ARGV[4], now)
+return flush_group(KEYS[FIXED_KEYS + 1], group, tonumber(ARGV[2]), ARGV[3], ARGV[4], now)

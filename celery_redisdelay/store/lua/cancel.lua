@@ -1,4 +1,4 @@
--- cancel.lua: drop calls that are still waiting in the delay set, with their payload, metadata and
+-- cancel.lua: drop calls that are still waiting in the delay set (or in their gate), with their payload, metadata and
 -- unique/debounce index entry; each is counted. Ids not parked here are left alone.
 -- ARGV: the ids (1 to 1000)
 -- Returns: {id, payload, ...} for each call dropped (its payload, so the caller can record its result
@@ -7,8 +7,15 @@ if #ARGV < 1 or #ARGV > 1000 then
     return redis.error_reply('ERR cancel wants 1 to 1000 ids')
 end
 local dropped = {}
+-- A call waiting in its gate (due, held back by its limits; see prelude.lua) is still parked.
+local function ungate(id)
+    local meta = load_meta(id)
+    return meta.s == 'limited' and type(meta.lg) == 'string' and tonumber(meta.lw)
+        and redis.call('ZREM', GATED, gated_member(meta.lg, tonumber(meta.lw), id)) or 0
+end
+
 for _, id in ipairs(ARGV) do
-    if redis.call('ZREM', DELAYED, id) == 1 then
+    if redis.call('ZREM', DELAYED, id) == 1 or ungate(id) == 1 then
         dropped[#dropped + 1] = id
         dropped[#dropped + 1] = redis.call('HGET', PAYLOADS, id) or ''
         forget(id)

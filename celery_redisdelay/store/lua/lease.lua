@@ -4,7 +4,7 @@
 -- lease, not after the queue or run timeout. Metadata (see prelude.lua): h the worker holding the call,
 -- g kombu's delivery tag of the delivery it holds, x the hard end of its run (the task's own timeout, set
 -- at start).
--- KEYS[11]: the workers hash, worker -> {"n": calls it holds here, "at": when it last renewed (ms)}.
+-- KEYS[FIXED_KEYS + 1]: the workers hash, worker -> {"n": calls it holds here, "at": when it last renewed (ms)}.
 -- ARGV: 1 worker, 2 lease (ms), 3 'hold' or 'give', 4 calls the worker holds in this store in all (-1: not
 --       said, the workers hash is left as it is), then id, delivery tag for each call (at most a thousand)
 --   hold: take each call in flight that no other worker holds, or renew it; its deadline becomes
@@ -13,7 +13,7 @@
 --         their messages back in the queue): each is queued again with its queue timeout.
 -- Returns: the ids of the calls not held (hold: unknown, finished, or held by another worker; give: not
 -- held by this worker).
-local WORKERS = KEYS[11]
+local WORKERS = KEYS[FIXED_KEYS + 1]
 local wrong = check_type(WORKERS, 'hash')
 if wrong then
     return wrong

@@ -1,9 +1,9 @@
 -- lock_release.lua: release a lock if the token still holds it (compare and delete), then wake the
 -- first waiter: a deferred call is made due now, a blocking waiter outside tasks gets a wake-up.
--- KEYS[11]: the lock, KEYS[12]: its waiters, KEYS[13]: the wake-up list of blocking waiters
+-- KEYS[FIXED_KEYS + 1]: the lock, KEYS[FIXED_KEYS + 2]: its waiters, KEYS[FIXED_KEYS + 3]: the wake-up list of blocking waiters
 -- ARGV: 1 token
 -- Returns: 1 released, 0 the lock had expired or another token holds it (nothing changed).
-local LOCK, WAITERS, WAKE_LIST = KEYS[11], KEYS[12], KEYS[13]
+local LOCK, WAITERS, WAKE_LIST = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2], KEYS[FIXED_KEYS + 3]
 local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset') or check_type(WAKE_LIST, 'list')
 if wrong then
     return wrong

@@ -2,11 +2,11 @@
 -- asked for it, the call is deferred in the same step: back to the delay set (due when the lock
 -- expires, at the latest after the retry interval), without counting a delivery, and in line among
 -- the lock's waiters, so the holder's release wakes it at once.
--- KEYS[11]: the lock (string: the holder's token), KEYS[12]: its waiters (zset: id -> first deferral)
+-- KEYS[FIXED_KEYS + 1]: the lock (string: the holder's token), KEYS[FIXED_KEYS + 2]: its waiters (zset: id -> first deferral)
 -- ARGV: 1 token, 2 expiry (ms), 3 id of the call asking ('' outside a task), 4 retry interval (ms)
 -- Returns: {status, the lock's remaining ms}; status 1 taken, 0 busy (the call, if any, is deferred),
 --          -1 busy and the call is not in flight here (nothing changed).
-local LOCK, WAITERS = KEYS[11], KEYS[12]
+local LOCK, WAITERS = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset')
 if wrong then
     return wrong
@@ -33,6 +33,7 @@ end
 local meta = load_inflight_meta(id)
 meta.s = 'deferred'
 unheld(meta)
+free_slots(id, meta)
 meta.d = math.max((tonumber(meta.d) or 1) - 1, 0)  -- a deferral is not a failed delivery
 meta.w = (tonumber(meta.w) or 0) + 1
 save_meta(id, meta)

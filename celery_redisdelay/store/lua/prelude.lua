@@ -1,19 +1,21 @@
 -- prelude.lua: helpers prepended to every script of the call store. Ahead of it scripts.py defines
 -- MESSAGE_PREFIX and BATCH_PREFIX, how a stored broker message and a flushed batch begin (stored.py).
 --
--- Every script of the store receives the same ten keys first, all sharing one hash tag:
+-- Every script of the store receives the same sixteen keys first, all sharing one hash tag:
 --   KEYS[1] delayed   zset  id -> due time (ms since the epoch, server clock)
 --   KEYS[2] inflight  zset  id -> deadline (ms)
 --   KEYS[3] dead      zset  id -> time it was dead-lettered (ms)
 --   KEYS[4] payloads  hash  id -> envelope (opaque to Lua), or a batch stub (see batch_add.lua)
 --   KEYS[5] meta      hash  id -> small JSON object (typed for Python in meta.py, CallMeta):
 --       d deliveries, m max deliveries, r run timeout (ms), q queue timeout (ms), t task name,
---       s state (delayed | claimed | queued | running | swept | deferred | dead), why (dead reason);
+--       s state (delayed | limited | claimed | queued | running | swept | deferred | dead), why (dead reason);
 --       in flight, 'delayed' with d 0 stands for queued, d 1 (see load_inflight_meta),
 --       k the unique/debounce key the call holds while it is parked, w deferrals behind a busy lock,
 --       l the queue list a stored broker message goes to (the fast release path, see release.lua),
 --       o 1 when r is the task's own timeout; under a lease (lease.lua): h the worker holding the call,
---       g kombu's delivery tag of the delivery it holds, x the hard end of its run (start + r, when o)
+--       g kombu's delivery tag of the delivery it holds, x the hard end of its run (start + r, when o);
+--       lg the call's gate when it is under limits (see "Limits"), lw its due time while it waits in the gate
+--       (s 'limited')
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
 --   KEYS[8] counters  hash  batch_items (items waiting in all groups), and running totals for metrics:
@@ -25,11 +27,23 @@
 --       for the last HISTORY_MINUTES minutes; 'pruned' the last minute forgotten (see prune_history),
 --       'unacked_seen' how far the sweep has read kombu's unacked index (see sweep.lua),
 --       'released_at' when a releaser last ran (ms)
+-- The limits of calls (see "Limits" below and docs/limits.rst):
+--   KEYS[11] limits  hash  'code:<limit>' -> the limit as the code declares it (written by each park of a call
+--       under it), 'set:<limit>' -> the limit as an operator set it (wins); JSON {"r": [[calls, per ms], ...],
+--       "c": most calls in flight}
+--   KEYS[12] gates   zset  gate -> when its first waiting call may be looked at again (ms)
+--   KEYS[13] gated   zset  (lex, score 0) gate NUL due (15 digits) NUL id: the due calls waiting in each gate
+--   KEYS[14] slots   zset  (lex, score 0) limit instance NUL id: the calls in flight holding a concurrency slot
+--   KEYS[15] paces   zset  limit instance NUL rate number -> the rate's theoretical arrival time (GCRA, ms)
+--   KEYS[16] waits   zset  (lex, score 0) limit instance NUL gate: gates waiting for a slot of that instance
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
 local DELAYED, INFLIGHT, DEAD, PAYLOADS, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local INDEX, BATCHES, COUNTERS, WAKE, HISTORY = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash', 'zset', 'hash'}
+local LIMITS, GATES, GATED, SLOTS, PACES, WAITS = KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash', 'zset', 'hash',
+    'hash', 'zset', 'zset', 'zset', 'zset', 'zset'}
+local FIXED_KEYS = #EXPECTED_TYPES  -- a script's own keys come after these
 -- Precise releasers need no more markers than this: each one only says "look again now".
 local MOST_MARKERS = 16
 
@@ -151,6 +165,113 @@ local function free_key(id, meta)
     end
 end
 
+-- Limits. A call under limits (meta.lg) is parked as any other; once due, the release puts it in its gate
+-- (GATED, in due order) instead of the broker, and lets it out when every limit of the gate allows it. A gate
+-- is the call's limit instances, one per line; an instance is a limit's name, a tab, and the key the call's
+-- arguments gave ('' for a limit that is not per key). Two calls with the same gate wait in one line, in
+-- due order; gates take turns by when each may go next (GATES).
+-- - A rate of n calls per p ms is a GCRA with no burst: a call may go when now >= TAT - T/4 (T = p / n, the
+--   quarter absorbs a releaser's wake-up delay), and the TAT becomes max(TAT, now) + T. In any window of p
+--   ms at most n + 1 calls go.
+-- - A concurrency of c allows c calls in flight (released and not finished). A call holds a slot (SLOTS) from
+--   its release until it leaves INFLIGHT: acknowledged, swept back (its worker died), dead-lettered or parked
+--   again. The acknowledgement and the sweep give the slot back at once and wake the gates waiting for it;
+--   any other way out is found when the slots are counted (a holder no longer in flight is no holder).
+local NUL, AFTER_NUL = '\0', '\1'
+local SLOT_PRUNE = 32  -- stale slot holders looked at, at most, per count
+local WAKE_GATES = 8  -- gates woken, at most, per slot given back
+local LIMIT_RECHECK = 2000  -- a gate waiting for a slot looks again after this long (ms), woken or not
+
+local limit_specs, gate_limits_seen = {}, {}
+local slots_taken_now = {}  -- calls given a slot by this script: in flight once it ends
+
+-- A limit as set ('set:') or declared ('code:'): {r = {{calls, per ms}, ...}, c = most in flight}; false
+-- for none (a limit nobody declares any more holds nothing back).
+local function limit_spec(name)
+    local spec = limit_specs[name]
+    if spec == nil then
+        spec = false
+        local raw = redis.call('HGET', LIMITS, 'set:' .. name) or redis.call('HGET', LIMITS, 'code:' .. name)
+        if raw then
+            local ok, decoded = pcall(cjson.decode, raw)
+            if ok and type(decoded) == 'table' then
+                spec = decoded
+            end
+        end
+        limit_specs[name] = spec
+    end
+    return spec
+end
+
+-- A gate's limits: {{instance, spec}, ...}.
+local function gate_limits(gate)
+    local found = gate_limits_seen[gate]
+    if not found then
+        found = {}
+        for instance in string.gmatch(gate, '[^\n]+') do
+            found[#found + 1] = {instance, limit_spec(string.match(instance, '^[^\t]*'))}
+        end
+        gate_limits_seen[gate] = found
+    end
+    return found
+end
+
+local function lex_range(prefix)
+    return '[' .. prefix .. NUL, '(' .. prefix .. AFTER_NUL
+end
+
+-- How many slots of an instance are held, at least ``most`` known to be live when the answer is ``most``
+-- or more: holders no longer in flight (nor let out by this script) are dropped as they are met (a few per
+-- count).
+local function slots_taken(instance, most)
+    local low, high = lex_range(instance)
+    local held = redis.call('ZLEXCOUNT', SLOTS, low, high)
+    if held < most then
+        return held
+    end
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', SLOTS, low, high, 'LIMIT', 0, most + SLOT_PRUNE)) do
+        local id = string.sub(member, #instance + 2)
+        if not slots_taken_now[id] and not redis.call('ZSCORE', INFLIGHT, id) then
+            redis.call('ZREM', SLOTS, member)
+            held = held - 1
+        end
+    end
+    return held
+end
+
+-- Tell precise releasers to look again now (a gate may go).
+local function wake_releasers(now)
+    redis.call('ZADD', WAKE, now, 'limits')
+    redis.call('ZREMRANGEBYRANK', WAKE, MOST_MARKERS, -1)
+end
+
+-- A call leaves flight: it gives back the slots it holds, and the gates waiting for them may look again.
+local function free_slots(id, meta)
+    if type(meta.lg) ~= 'string' then
+        return
+    end
+    local woken = false
+    for _, limit in ipairs(gate_limits(meta.lg)) do
+        local instance = limit[1]
+        if redis.call('ZREM', SLOTS, instance .. NUL .. id) == 1 then
+            local low, high = lex_range(instance)
+            for _, member in ipairs(redis.call('ZRANGEBYLEX', WAITS, low, high, 'LIMIT', 0, WAKE_GATES)) do
+                redis.call('ZREM', WAITS, member)
+                redis.call('ZADD', GATES, 'XX', now_ms(), string.sub(member, #instance + 2))
+                woken = true
+            end
+        end
+    end
+    if woken then
+        wake_releasers(now_ms())
+    end
+end
+
+-- The member of GATED that stands for a call waiting in its gate.
+local function gated_member(gate, due, id)
+    return gate .. NUL .. string.format('%015d', due) .. NUL .. id
+end
+
 -- A call leaves the worker that held it (swept, deferred behind a lock, dead-lettered): no one holds it, and
 -- its run's hard end goes with the run (see lease.lua).
 local function unheld(meta)
@@ -161,6 +282,7 @@ end
 local function bury(id, meta, why, now)
     count('dead_lettered', 1)
     free_key(id, meta)
+    free_slots(id, meta)
     redis.call('ZREM', DELAYED, id)
     redis.call('ZREM', INFLIGHT, id)
     meta.s = 'dead'
@@ -181,8 +303,10 @@ local function revive(id, now)
     redis.call('ZADD', DELAYED, now, id)
 end
 
-local function forget(id)
-    free_key(id, load_meta(id))
+local function forget(id, meta)
+    meta = meta or load_meta(id)
+    free_key(id, meta)
+    free_slots(id, meta)
     redis.call('HDEL', PAYLOADS, id)
     redis.call('HDEL', META, id)
 end
@@ -209,8 +333,10 @@ end
 -- Store a call and put it in the delay set, due at ``due``.
 local function store(id, envelope, meta_json, due)
     if redis.call('HSETNX', META, id, meta_json) == 0 then
-        -- An id parked before (a retry parks its call again): it gives up the key it held.
-        free_key(id, load_meta(id))
+        -- An id parked before (a retry parks its call again): it gives up the key and the slots it held.
+        local before = load_meta(id)
+        free_key(id, before)
+        free_slots(id, before)
         redis.call('HSET', META, id, meta_json)
     end
     redis.call('HSET', PAYLOADS, id, envelope)
@@ -245,12 +371,12 @@ end
 -- per bucket (upper bounds in ms; the last bucket is unbounded), with the total. ``rows`` is a
 -- ZRANGEBYSCORE ... WITHSCORES reply, oldest first, so lateness only falls along it: the calls no later
 -- than a bound are a tail of the rows, found by bisection. ``skipped[i]`` marks the i-th call as not
--- released (dead-lettered instead); with any, each call is looked at instead.
+-- released (dead-lettered instead); with any, or when the rows are ``unsorted``, each call is looked at instead.
 local LATENESS_BOUNDS = {5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000}
-local function count_releases(rows, skipped, now)
+local function count_releases(rows, skipped, now, unsorted)
     local n = #rows / 2
     local counts, total, sum = {}, 0, 0
-    if next(skipped) == nil then
+    if next(skipped) == nil and not unsorted then
         -- cumulative[b]: calls at most LATENESS_BOUNDS[b] late, the rows from the first due at or
         -- after now - bound (a bisection over the due times)
         local previous = 0

@@ -5,15 +5,18 @@
 -- message without its own tag (not ours), is claimed for the generic path, as claim.lua does.
 -- A first delivery leaves the metadata as the park wrote it: in flight, that form means "queued, first
 -- delivery" (see load_inflight_meta), so the only writes per call are the moves and the push.
--- KEYS[11..]: the queue lists this app's messages may go to (kombu's names, priorities included).
+-- KEYS[FIXED_KEYS + 1 ..]: the queue lists this app's messages may go to (kombu's names, priorities included).
 -- ARGV: 1 most calls to take, 2 claim timeout (ms), 3 default queue timeout (ms)
--- Returns: {examined, pushed, now, next due, batch due, id, payload, deliveries, list, ...}: due ids looked at,
--- calls pushed, the server's time (ms), when the next thing is due (the earliest call left in the delay set, or
--- a batch group's flush; '' when none) and 1 when a batch group is due now (else 0), so that a precise releaser
--- knows when to look again without asking; then the calls claimed for the generic path. Due ids without
--- payload are dead-lettered here.
+-- A due call under limits (meta.lg) goes to its gate instead (see "Limits" in prelude.lua); the gates that may
+-- go now let their calls out, in due order, while their limits allow and the step has room left, and these
+-- calls then go as any other.
+-- Returns: {examined, pushed, now, next due, batch due, id, payload, deliveries, list, ...}: due ids looked at
+-- (gated calls let out included), calls pushed, the server's time (ms), when the next thing is due (the
+-- earliest call left in the delay set, a batch group's flush, or a gate's next look; '' when none) and 1 when a
+-- batch group is due now (else 0), so that a precise releaser knows when to look again without asking; then
+-- the calls claimed for the generic path. Due ids without payload are dead-lettered here.
 local lists = {}
-for i = 11, #KEYS do
+for i = FIXED_KEYS + 1, #KEYS do
     local wrong = check_type(KEYS[i], 'list')
     if wrong then
         return wrong
@@ -98,29 +101,146 @@ end
 local function looked_again(out, now)
     local call = tonumber(redis.call('ZRANGE', DELAYED, 0, 0, 'WITHSCORES')[2])
     local group = tonumber(redis.call('ZRANGE', BATCHES, 0, 0, 'WITHSCORES')[2])
+    local gate = tonumber(redis.call('ZRANGE', GATES, 0, 0, 'WITHSCORES')[2])
     local earliest = call
     if group and (not earliest or group < earliest) then
         earliest = group
+    end
+    if gate and (not earliest or gate < earliest) then
+        earliest = gate
     end
     out[4] = earliest and string.format('%d', earliest) or ''
     out[5] = (group and group <= now) and 1 or 0
     return out
 end
 
+-- Gates: whether a gate's limits let one more call go now (then taken: its paces move on and the call
+-- holds its slots), else when to look again. A gate waiting for a slot is also noted in WAITS, so that the
+-- slot given back wakes it.
+local function admit(gate, id, now)
+    local limits = gate_limits(gate)
+    local again = nil
+    for _, limit in ipairs(limits) do
+        local instance, spec = limit[1], limit[2]
+        if spec then
+            for number, rate in ipairs(type(spec.r) == 'table' and spec.r or {}) do
+                local interval = tonumber(rate[2]) / tonumber(rate[1])
+                local arrival = tonumber(redis.call('ZSCORE', PACES, instance .. NUL .. number))
+                if arrival and arrival - interval / 4 > now then
+                    again = math.max(again or 0, arrival - interval / 4)
+                end
+            end
+            local most = tonumber(spec.c)
+            if most and slots_taken(instance, most) >= most then
+                redis.call('ZADD', WAITS, 0, instance .. NUL .. gate)
+                again = math.max(again or 0, now + LIMIT_RECHECK)
+            end
+        end
+    end
+    if again then
+        return false, math.ceil(again)
+    end
+    for _, limit in ipairs(limits) do
+        local instance, spec = limit[1], limit[2]
+        if spec then
+            for number, rate in ipairs(type(spec.r) == 'table' and spec.r or {}) do
+                local member = instance .. NUL .. number
+                local arrival = tonumber(redis.call('ZSCORE', PACES, member)) or now
+                redis.call('ZADD', PACES, math.max(arrival, now) + tonumber(rate[2]) / tonumber(rate[1]), member)
+            end
+            if tonumber(spec.c) then
+                redis.call('ZADD', SLOTS, 0, instance .. NUL .. id)
+                slots_taken_now[id] = true
+            end
+        end
+    end
+    return true
+end
+
+-- A gate with no call left waiting is forgotten, with its notes in WAITS.
+local function close_gate(gate)
+    redis.call('ZREM', GATES, gate)
+    for _, limit in ipairs(gate_limits(gate)) do
+        redis.call('ZREM', WAITS, limit[1] .. NUL .. gate)
+    end
+end
+
 local now = now_ms()
 redis.call('HSET', HISTORY, 'released_at', string.format('%d', now))  -- a releaser ran (an alert watches it)
-local rows = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
-local ids = {}
+-- Paces in the past hold nothing back: a few are forgotten each step.
+local stale_paces = redis.call('ZRANGEBYSCORE', PACES, '-inf', now, 'LIMIT', 0, 100)
+if #stale_paces > 0 then
+    redis.call('ZREM', PACES, unpack(stale_paces))
+end
+local most_calls = tonumber(ARGV[1])
+local rows = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, most_calls)
+local ids, dues = {}, {}
 for i = 1, #rows, 2 do
     ids[#ids + 1] = rows[i]
+    dues[#dues + 1] = rows[i + 1]
 end
 local out = {#ids, 0, now, '', 0}
-if #ids == 0 then
+local payloads = #ids > 0 and redis.call('HMGET', PAYLOADS, unpack(ids)) or {}
+local raw_metas = #ids > 0 and redis.call('HMGET', META, unpack(ids)) or {}
+
+-- Due calls under limits go to their gate; the rest of the step lets gated calls out.
+local skipped, gated = {}, {}
+for i, id in ipairs(ids) do
+    local raw = raw_metas[i]
+    if payloads[i] and raw and string.find(raw, ',"lg":', 1, true) then
+        local ok, meta = pcall(cjson.decode, raw)
+        if ok and type(meta) == 'table' and type(meta.lg) == 'string' then
+            local due = tonumber(dues[i])
+            meta.s, meta.lw = 'limited', due
+            save_meta(id, meta)
+            redis.call('ZADD', GATED, 0, gated_member(meta.lg, due, id))
+            redis.call('ZADD', GATES, 'NX', now, meta.lg)
+            gated[#gated + 1] = id
+            skipped[i] = true
+        end
+    end
+end
+if #gated > 0 then
+    redis.call('ZREM', DELAYED, unpack(gated))
+end
+local released_rows = {}  -- gated calls let out: {id, due, ...}, for the lateness counts
+local room = most_calls - #ids + #gated
+if room > 0 then
+    for _, gate in ipairs(redis.call('ZRANGEBYSCORE', GATES, '-inf', now, 'LIMIT', 0, room)) do
+        local low, high = lex_range(gate)
+        while room > 0 do
+            local first = redis.call('ZRANGEBYLEX', GATED, low, high, 'LIMIT', 0, 1)[1]
+            if not first then
+                close_gate(gate)
+                break
+            end
+            local due_text, id = string.match(string.sub(first, #gate + 2), '^(%d+)%z(.*)$')
+            local admitted, again = admit(gate, id, now)
+            if not admitted then
+                redis.call('ZADD', GATES, again, gate)
+                break
+            end
+            redis.call('ZREM', GATED, first)
+            ids[#ids + 1] = id
+            dues[#dues + 1] = due_text
+            payloads[#ids] = redis.call('HGET', PAYLOADS, id)
+            local meta = load_meta(id)
+            meta.s, meta.lw = 'delayed', nil
+            raw_metas[#ids] = cjson.encode(meta)
+            released_rows[#released_rows + 1] = id
+            released_rows[#released_rows + 1] = tonumber(due_text)
+            room = room - 1
+        end
+        if room == 0 then
+            break
+        end
+    end
+end
+out[1] = #ids
+if #ids == #gated then
     return looked_again(out, now)
 end
 local claim_deadline = now + tonumber(ARGV[2])
-local payloads = redis.call('HMGET', PAYLOADS, unpack(ids))
-local raw_metas = redis.call('HMGET', META, unpack(ids))
 local taken, deadlines, metas, pushes, buried = {}, {}, {}, {}, {}
 local pushed = 0
 
@@ -136,11 +256,13 @@ end
 
 for i, id in ipairs(ids) do
     local payload, raw = payloads[i], raw_metas[i]
-    local route = payload and raw and route_of(raw)
+    local route = payload and raw and not skipped[i] and route_of(raw)
     -- A broker message of this very call: it starts as kombu's do and ends with its own first tag, the
     -- id whole between the tag's opening quote (byte 34) and '.1"}}' (as message_for checks, without
     -- building the string).
-    if route and string.sub(payload, 1, #MESSAGE_PREFIX) == MESSAGE_PREFIX and string.sub(payload, -5) == FIRST_TAG_END
+    if skipped[i] then
+        -- in its gate
+    elseif route and string.sub(payload, 1, #MESSAGE_PREFIX) == MESSAGE_PREFIX and string.sub(payload, -5) == FIRST_TAG_END
         and string.find(payload, id, -(#id + 5), true) and string.byte(payload, -(#id + 6)) == 34 then
         taken[#taken + 1] = id
         push(route[1], payload)
@@ -197,6 +319,21 @@ if #taken > 0 then
         bulk('LPUSH', key, messages)
     end
 end
+-- Lateness is counted for the calls that left: gated ones when they leave their gate (their wait in it
+-- included), from their due time.
+for i in pairs(skipped) do
+    buried[i] = true
+end
 count_releases(rows, buried, now)
+if #released_rows > 0 then
+    local let_out, offset = {}, #rows / 2
+    for i = 1, #released_rows, 2 do
+        if not buried[offset + (i + 1) / 2] then
+            let_out[#let_out + 1] = released_rows[i]
+            let_out[#let_out + 1] = released_rows[i + 1]
+        end
+    end
+    count_releases(let_out, {}, now, true)
+end
 out[2] = pushed
 return looked_again(out, now)

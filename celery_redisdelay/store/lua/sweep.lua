@@ -14,10 +14,10 @@
 -- release.lua) whose call is still queued, held by no one, is swept like a lapsed lease. A worker whose clock
 -- is more than a lease behind the server's pops deliveries the cursor has passed: they wait for the queue
 -- timeout, as before.
--- KEYS[11], KEYS[12] (where the broker is this Redis): kombu's unacked hash and its index.
--- ARGV: 1 most calls to look at, 2 default max deliveries, 3 the lease (ms; with KEYS[11])
+-- KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2] (where the broker is this Redis): kombu's unacked hash and its index.
+-- ARGV: 1 most calls to look at, 2 default max deliveries, 3 the lease (ms; with KEYS[FIXED_KEYS + 1])
 -- Returns: {calls put back, calls dead-lettered}.
-local UNACKED, UNACKED_INDEX = KEYS[11], KEYS[12]
+local UNACKED, UNACKED_INDEX = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 if UNACKED then
     local wrong = check_type(UNACKED, 'hash') or check_type(UNACKED_INDEX, 'zset')
     if wrong then
@@ -46,6 +46,7 @@ local function sweep_call(id, meta)
         redis.call('ZREM', INFLIGHT, id)
         meta.s = 'swept'
         unheld(meta)
+        free_slots(id, meta)
         save_meta(id, meta)
         redis.call('ZADD', DELAYED, now, id)
         requeued = requeued + 1

@@ -1,0 +1,108 @@
+"""The limits calls are under, for operators: what each allows, what waits on it and what it holds, and a way to
+change a limit while everything runs (``celery -A proj redisdelay limits``, ``rd.limits()``).
+
+A limit is declared in code and written by each park of a call under it (``code:<name>`` in the store's
+``limits`` hash); an operator's setting (``set:<name>``) wins over it until it is reset. See
+:mod:`celery_redisdelay.store.limits` and "Limits" in ``store/lua/prelude.lua``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..store.calls import CallStore, redis_errors, server_ms, text
+from ..store.depot import Depot
+from ..store.limits import Limit, check_name, limit_names
+
+#: Gates looked at per shard for the waiting counts: the report stays bounded whatever the backlog.
+MOST_GATES = 1000
+
+
+@dataclass
+class LimitState:
+    """One limit over every shard: as declared and as set, the calls waiting on it, in flight under it, and
+    when its next waiting call may go (ms, by the store's clock; None when nothing waits)."""
+
+    name: str
+    declared: Limit | None
+    set: Limit | None
+    waiting: int = 0
+    gates: int = 0
+    in_flight: int = 0
+    next_ms: float | None = None
+
+    @property
+    def effective(self) -> Limit | None:
+        return self.set or self.declared
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "declared": None if self.declared is None else self.declared.describe(),
+            "set": None if self.set is None else self.set.describe(),
+            "effective": None if self.effective is None else self.effective.describe(),
+            "waiting": self.waiting,
+            "keys_waiting": self.gates,
+            "in_flight": self.in_flight,
+            "next_ms": self.next_ms,
+        }
+
+
+def limit_states(depot: Depot) -> dict[str, LimitState]:
+    """Every limit the store knows (declared by a park, or set), with what waits on it and what it holds."""
+    states: dict[str, LimitState] = {}
+    for store in depot.shards.all():
+        _read_store(store, states)
+    return dict(sorted(states.items()))
+
+
+def _read_store(store: CallStore, states: dict[str, LimitState]) -> None:
+    keys = store.keys
+    with redis_errors("read the limits"):
+        stored: Any = store.client.hgetall(keys.limits)
+        gates: Any = store.client.zrange(keys.gates, 0, MOST_GATES - 1, withscores=True)
+        pipe = store.client.pipeline(transaction=False)
+        for gate, _ in gates:
+            pipe.zlexcount(keys.gated, b"[" + gate + b"\0", b"(" + gate + b"\1")
+        waiting = pipe.execute() if gates else []
+        now = server_ms(store.client, keys.gates)
+    for field, raw in stored.items():
+        kind, _, name = text(field).partition(":")
+        state = states.setdefault(name, LimitState(name, None, None))
+        try:
+            limit = Limit.from_json(raw)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue  # damaged: shown as neither (the scripts read it as no limit)
+        if kind == "code":
+            state.declared = limit
+        elif kind == "set":
+            state.set = limit
+    for (gate, score), count in zip(gates, waiting, strict=True):
+        for name, _ in limit_names(text(gate)):
+            state = states.setdefault(name, LimitState(name, None, None))
+            state.waiting += int(count)
+            state.gates += 1
+            at = max(float(score), now)
+            state.next_ms = at if state.next_ms is None else min(state.next_ms, at)
+    with redis_errors("count the calls in flight under limits"):
+        pipe = store.client.pipeline(transaction=False)
+        for name in states:
+            prefix = f"{name}\t".encode()
+            pipe.zlexcount(keys.slots, b"[" + prefix, b"[" + prefix + b"\xff")
+        for name, count in zip(states, pipe.execute(), strict=True):
+            states[name].in_flight += int(count)
+
+
+def set_limit(depot: Depot, name: str, limit: Limit | None) -> None:
+    """Set a limit (``task:<task name>`` or ``quota:<quota name>``) on every shard, over what the code declares;
+    ``None`` resets it to the code's. The next release goes by it."""
+    check_name(name, "a limit's name")
+    if not name.startswith(("task:", "quota:")):
+        raise ValueError(f"a limit's name is task:<task name> or quota:<quota name>, not {name!r}")
+    for store in depot.shards.all():
+        with redis_errors(f"set limit {name}"):
+            if limit is None:
+                store.client.hdel(store.keys.limits, f"set:{name}")
+            else:
+                store.client.hset(store.keys.limits, f"set:{name}", limit.to_json())
