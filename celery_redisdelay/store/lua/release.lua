@@ -116,7 +116,20 @@ end
 
 -- Gates: whether a gate's limits let one more call go now (then taken: its paces move on and the call
 -- holds its slots), else when to look again. A gate waiting for a slot is also noted in WAITS, so that the
--- slot given back wakes it.
+-- slot given back wakes it. What a step reads of paces and slots it keeps, and writes it once at the end
+-- (write_limits): the step is one instant.
+local paces_seen, paces_moved = {}, {}  -- pace member -> arrival time (false: none); the members moved
+local slots_counted, slots_added = {}, {}  -- limit instance -> slots held, this step's included; members added
+
+local function pace_of(member)
+    local arrival = paces_seen[member]
+    if arrival == nil then
+        arrival = tonumber(redis.call('ZSCORE', PACES, member)) or false
+        paces_seen[member] = arrival
+    end
+    return arrival
+end
+
 local function admit(gate, id, now)
     local limits = gate_limits(gate)
     local again = nil
@@ -124,16 +137,23 @@ local function admit(gate, id, now)
         local instance, spec = limit[1], limit[2]
         if spec then
             for number, rate in ipairs(type(spec.r) == 'table' and spec.r or {}) do
-                local interval = tonumber(rate[2]) / tonumber(rate[1])
-                local arrival = tonumber(redis.call('ZSCORE', PACES, instance .. NUL .. number))
-                if arrival and arrival - interval / 4 > now then
-                    again = math.max(again or 0, arrival - interval / 4)
+                local early = tonumber(rate[2]) / tonumber(rate[1]) / 4
+                local arrival = pace_of(instance .. NUL .. number)
+                if arrival and arrival - early > now then
+                    again = math.max(again or 0, arrival - early)
                 end
             end
             local most = tonumber(spec.c)
-            if most and slots_taken(instance, most) >= most then
-                redis.call('ZADD', WAITS, 0, instance .. NUL .. gate)
-                again = math.max(again or 0, now + LIMIT_RECHECK)
+            if most then
+                local held = slots_counted[instance]
+                if held == nil then
+                    held = slots_taken(instance, most)
+                    slots_counted[instance] = held
+                end
+                if held >= most then
+                    redis.call('ZADD', WAITS, 0, instance .. NUL .. gate)
+                    again = math.max(again or 0, now + LIMIT_RECHECK)
+                end
             end
         end
     end
@@ -145,16 +165,51 @@ local function admit(gate, id, now)
         if spec then
             for number, rate in ipairs(type(spec.r) == 'table' and spec.r or {}) do
                 local member = instance .. NUL .. number
-                local arrival = tonumber(redis.call('ZSCORE', PACES, member)) or now
-                redis.call('ZADD', PACES, math.max(arrival, now) + tonumber(rate[2]) / tonumber(rate[1]), member)
+                paces_seen[member] = math.max(pace_of(member) or now, now) + tonumber(rate[2]) / tonumber(rate[1])
+                paces_moved[member] = true
             end
             if tonumber(spec.c) then
-                redis.call('ZADD', SLOTS, 0, instance .. NUL .. id)
+                slots_counted[instance] = slots_counted[instance] + 1
+                slots_added[#slots_added + 1] = 0
+                slots_added[#slots_added + 1] = instance .. NUL .. id
                 slots_taken_now[id] = true
             end
         end
     end
     return true
+end
+
+-- Write what the step's admissions changed.
+local function write_limits()
+    local moved = {}
+    for member in pairs(paces_moved) do
+        moved[#moved + 1] = paces_seen[member]
+        moved[#moved + 1] = member
+    end
+    bulk('ZADD', PACES, moved)
+    bulk('ZADD', SLOTS, slots_added)
+end
+
+-- The gate in a call's stored metadata, or false. The park writes it last before the end of a parked call's
+-- metadata (meta.py's gated_meta), so that it is read without decoding the JSON when it holds no escape but
+-- a tab or newline; else, and in metadata the scripts wrote again, it is decoded.
+local GATE_FIELD, GATE_END = ',"lg":"', '",' .. string.sub(FRESH, 2)
+local gates_in_raw = {}
+local function gate_in(raw)
+    local gate = gates_in_raw[raw]
+    if gate == nil then
+        local from = string.find(raw, GATE_FIELD, 1, true)
+        local text = from and string.sub(raw, -#GATE_END) == GATE_END
+            and string.sub(raw, from + #GATE_FIELD, -#GATE_END - 1)
+        if text and not string.find(text, '"', 1, true) and not string.find(text, '\\[^tn]') then
+            gate = string.gsub(string.gsub(text, '\\t', '\t'), '\\n', '\n')
+        else
+            local ok, decoded = pcall(cjson.decode, raw)
+            gate = ok and type(decoded) == 'table' and type(decoded.lg) == 'string' and decoded.lg or false
+        end
+        gates_in_raw[raw] = gate
+    end
+    return gate
 end
 
 -- A gate with no call left waiting is forgotten, with its notes in WAITS.
@@ -183,20 +238,39 @@ local out = {#ids, 0, now, '', 0}
 local payloads = #ids > 0 and redis.call('HMGET', PAYLOADS, unpack(ids)) or {}
 local raw_metas = #ids > 0 and redis.call('HMGET', META, unpack(ids)) or {}
 
--- Due calls under limits go to their gate; the rest of the step lets gated calls out.
+-- Due calls under limits: a call whose gate has none waiting goes at once if its limits allow it (as any other
+-- call, below); else it goes to its gate, behind the calls waiting there. The rest of the step lets gated
+-- calls out.
 local skipped, gated = {}, {}
+-- Whether each gate has calls waiting (none has when no gate is open: no need to ask).
+local busy, any_gate = {}, redis.call('EXISTS', GATES) == 1
 for i, id in ipairs(ids) do
     local raw = raw_metas[i]
     if payloads[i] and raw and string.find(raw, ',"lg":', 1, true) then
-        local ok, meta = pcall(cjson.decode, raw)
-        if ok and type(meta) == 'table' and type(meta.lg) == 'string' then
-            local due = tonumber(dues[i])
-            meta.s, meta.lw = 'limited', due
-            save_meta(id, meta)
-            redis.call('ZADD', GATED, 0, gated_member(meta.lg, due, id))
-            redis.call('ZADD', GATES, 'NX', now, meta.lg)
-            gated[#gated + 1] = id
-            skipped[i] = true
+        local gate = gate_in(raw)
+        if gate then
+            if busy[gate] == nil then
+                busy[gate] = any_gate and redis.call('ZSCORE', GATES, gate) ~= false
+            end
+            local admitted, again = false, nil
+            if not busy[gate] then
+                admitted, again = admit(gate, id, now)
+            end
+            if not admitted then
+                local due = tonumber(dues[i])
+                local waiting = cjson.decode(raw)
+                waiting.s, waiting.lw = 'limited', due
+                save_meta(id, waiting)
+                redis.call('ZADD', GATED, 0, gated_member(gate, due, id))
+                if again then
+                    redis.call('ZADD', GATES, again, gate)
+                else
+                    redis.call('ZADD', GATES, 'NX', now, gate)
+                end
+                busy[gate] = true
+                gated[#gated + 1] = id
+                skipped[i] = true
+            end
         end
     end
 end
@@ -237,6 +311,7 @@ if room > 0 then
     end
 end
 out[1] = #ids
+write_limits()
 if #ids == #gated then
     return looked_again(out, now)
 end
