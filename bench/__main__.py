@@ -37,6 +37,10 @@ release
     LPUSH + ZREM + HDEL) over the same number of copies; ours and the raw mover take turns, two rounds
     each after a warm-up round of each, and the rates are over the two rounds. Targets: >= 40x
     send_task and >= 100,000 calls/s; >= 0.85x the raw mover.
+release_limited
+    Calls/s of ``rd.tick()`` releasing 20,000 [2,000] due calls of a task limited per key (100,000/s and 1,000 in
+    flight per key, wide enough to let every call go) over 1,000 keys, against the same calls of the same task
+    without limits; the sides take turns over two rounds after a warm-up round. Target: >= 0.5x.
 worker_memory
     RSS growth of a fresh ``--pool solo`` worker's process (VmRSS of the process that holds prefetched
     messages) when 50,000 [2,000] calls are parked with countdown=3600 for its queue, against a second

@@ -34,6 +34,7 @@ E2E_PLAIN_QUEUE = "bench-e2e-plain"  # the same, for a worker without the extens
 RECOVERY_QUEUE = "bench-recovery"  # a killed worker's calls, run again by another
 BURST_QUEUE = "bench-burst"  # calls due at one instant, drained by one worker
 BURST_PLAIN_QUEUE = "bench-burst-plain"  # the same as Celery's eta tasks
+LIMITED_QUEUE = "bench-limited"  # calls under limits, released by the tick (nobody consumes)
 QUEUES = (
     DEFAULT_QUEUE,
     PARK_QUEUE,
@@ -50,6 +51,7 @@ QUEUES = (
     RECOVERY_QUEUE,
     BURST_QUEUE,
     BURST_PLAIN_QUEUE,
+    LIMITED_QUEUE,
 )
 
 

@@ -21,6 +21,7 @@ class Sizes:
     memory_per_call: int  # calls parked (and plain messages sent) for the Redis memory per call
     release: int  # due calls released by the tick (and moved by the raw Lua mover)
     release_send_task: int  # send_task calls of the baseline
+    release_limited: int  # due calls under limits (and without) released by the tick
     worker_memory: int  # calls parked / plain tasks sent per worker
     worker_memory_deadline: float  # seconds to wait for the plain worker to prefetch and settle
     lateness_calls: int  # calls whose lateness is measured per run
@@ -39,6 +40,7 @@ NORMAL = Sizes(
     memory_per_call=5000,
     release=100_000,
     release_send_task=5000,
+    release_limited=20_000,
     worker_memory=50_000,
     worker_memory_deadline=240.0,
     lateness_calls=300,
@@ -56,6 +58,7 @@ QUICK = Sizes(
     memory_per_call=500,
     release=5000,
     release_send_task=500,
+    release_limited=2000,
     worker_memory=2000,
     worker_memory_deadline=30.0,
     lateness_calls=100,

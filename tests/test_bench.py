@@ -17,6 +17,7 @@ FIGURES = (
     "park_single",
     "park_bulk",
     "release",
+    "release_limited",
     "history_cost",
     "release_cluster",
     "worker_memory",

@@ -17,6 +17,7 @@ from .recovery import long_run, recovery
 from .redis_memory import redis_memory_per_call
 from .release import release
 from .release_cluster import release_cluster
+from .release_limited import release_limited
 from .worker_memory import worker_memory
 
 Figure = Callable[[Context], dict[str, Any]]
@@ -25,6 +26,7 @@ FIGURES: dict[str, Figure] = {
     "park_single": park_single,
     "park_bulk": park_bulk,
     "release": release,
+    "release_limited": release_limited,
     "history_cost": history_cost,
     "worker_memory": worker_memory,
     "lateness": lateness,

@@ -1,0 +1,88 @@
+"""Releasing a backlog of due calls under limits: calls of a task limited per key over 1,000 keys, against the same
+number of calls of the same task without limits, both released by ``rd.tick()`` in the bench process.
+
+The limits are wide (100,000/s and 1,000 in flight per key), so that they let every call go: the figure measures
+what checking them costs the release, not how long the limits hold calls back. Nobody consumes the queue."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..common import LIMITED_QUEUE
+from ..context import Context
+from ..report import Row, ratio
+
+KEYS = 1000
+ROUNDS = 2
+DEADLINE = 600.0
+
+
+def tasks(ctx: Context) -> tuple[Any, Any]:
+    """The limited task and its unlimited twin, registered once on the bench app."""
+    rd = ctx.bench.rd
+    limited = ctx.bench.app.tasks.get("bench.limited_noop")
+    if limited is None:
+
+        def noop(key: int, i: int = 0) -> int:
+            return i
+
+        limited = rd.delayed(
+            name="bench.limited_noop",
+            queue=LIMITED_QUEUE,
+            limit_rate="100000/s",
+            limit_concurrency=1000,
+            limit_key="key:{key}",
+        )(noop)
+        rd.delayed(name="bench.unlimited_noop", queue=LIMITED_QUEUE)(noop)
+    return limited, ctx.bench.app.tasks["bench.unlimited_noop"]
+
+
+def release_all(ctx: Context, task: Any, n: int) -> float:
+    """Seconds ``rd.tick()`` takes to release ``n`` due calls of ``task``, over KEYS keys (parked first, not timed)."""
+    rd, client = ctx.bench.rd, ctx.client
+    ctx.clear(LIMITED_QUEUE)
+    for i in range(n):
+        task.apply_async((i % KEYS, i))
+    if rd.stats()["due"] != n:
+        raise RuntimeError(f"expected {n} due calls, the store has {rd.stats()['due']}")
+    started = time.perf_counter()
+    while rd.stats()["due"]:
+        rd.tick()
+        if time.perf_counter() - started > DEADLINE:
+            raise TimeoutError(f"the tick did not release {n} calls of {task.name} in {DEADLINE:.0f} s")
+    seconds = time.perf_counter() - started
+    queued = int(client.llen(LIMITED_QUEUE))
+    if queued != n:
+        raise RuntimeError(f"the queue holds {queued} calls of {task.name}, expected {n}")
+    ctx.clear(LIMITED_QUEUE)  # and the store: the calls in flight and the limits' slots go
+    return seconds
+
+
+def release_limited(ctx: Context) -> dict[str, Any]:
+    """Calls/s released under limits over KEYS keys, against the same calls without limits; the sides take turns
+    over ROUNDS rounds after a warm-up round of each."""
+    n = ctx.sizes.release_limited
+    limited, unlimited = tasks(ctx)
+    ours = base = 0.0
+    for turn in range(ROUNDS + 1):
+        with_limits = release_all(ctx, limited, n)
+        without = release_all(ctx, unlimited, n)
+        what = f"round {turn}" if turn else "warm-up round (not counted)"
+        ctx.say(f"  {what}: under limits {n / with_limits:,.0f} calls/s, without {n / without:,.0f} calls/s")
+        if turn:
+            ours += with_limits
+            base += without
+    ours_rate, base_rate = ROUNDS * n / ours, ROUNDS * n / base
+    vs = ratio(ours_rate, base_rate)
+    row = Row(
+        f"release under limits ({KEYS:,} keys)",
+        ours_rate,
+        "calls/s",
+        base_rate,
+        "the same calls without limits",
+        vs,
+        ">= 0.5x",
+        vs is not None and vs >= 0.5,
+    )
+    return {"rows": [row.as_dict()], "details": {"calls": n, "keys": KEYS, "rounds": ROUNDS}}
