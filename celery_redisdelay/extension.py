@@ -73,6 +73,7 @@ class RedisDelay:
         self.templates = TemplateCache()
         self._task_names: set[str] = set()  # the names of this extension's tasks
         self._adopted: dict[str, AdoptedRules] = {}  # rules of the plain tasks redisdelay_all_tasks parks
+        self._limited_names: dict[str, bool] = {}  # plain tasks under limits, whose every call is parked
         settings_module.check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
         # Calls by name (app.send_task) to a delayed task of this app are parked too; Celery's own
         # send_task stays here for publishing at once (a released batch).
@@ -291,7 +292,7 @@ class RedisDelay:
             return self.celery_send_task(name, *args, **kwargs)  # our own park going through Celery
         explicit = name in self._task_names
         waits = len(args) > 2 or kwargs.get("countdown") is not None or kwargs.get("eta") is not None
-        if not explicit and not (waits and self.app.conf.get("redisdelay_all_tasks")):
+        if not explicit and not ((waits or self._limited(name)) and self.app.conf.get("redisdelay_all_tasks")):
             return self.celery_send_task(name, *args, **kwargs)
         task = self.app.tasks.get(name)
         given = self._send_task_signature.bind(name, *args, **kwargs).arguments
@@ -302,10 +303,23 @@ class RedisDelay:
         if (
             adoptable(task)
             and self.settings.all_tasks
-            and parks_later(given.get("countdown"), given.get("eta"), self.app.conf.timezone)
+            and (
+                parks_later(given.get("countdown"), given.get("eta"), self.app.conf.timezone)
+                or self.adopted_rules(task).task_limits is not None  # a limited task's calls wait on their limits
+            )
         ):
             return park_sent(task, self.adopted_rules(task), given, self.celery_send_task)
         return self.celery_send_task(name, *args, **kwargs)
+
+    def _limited(self, name: str) -> bool:
+        """Whether a plain task of the app is under limits (``redisdelay_limit_*`` options or the
+        ``redisdelay_task_limits`` setting): with ``redisdelay_all_tasks``, all its calls are parked."""
+        limited = self._limited_names.get(name)
+        if limited is None:
+            task = self.app.tasks.get(name)
+            limited = bool(adoptable(task) and self.adopted_rules(task).task_limits is not None)
+            self._limited_names[name] = limited
+        return limited
 
     def rules_of(self, task: Any) -> CallRules | None:
         """The rules ``task``'s calls are parked by, if its calls may be parked: a delayed task of this

@@ -40,6 +40,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_lease": 30.0,
     "redisdelay_lease_renewal": 10.0,
     "redisdelay_quotas": None,  # checked by store/limits.py when a call names a quota
+    "redisdelay_task_limits": None,  # checked by producer/adoption.py at a plain task's first call
 }
 
 

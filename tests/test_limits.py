@@ -286,3 +286,44 @@ def test_an_operator_cannot_set_a_limit_that_cannot_work(rd: RedisDelay) -> None
         assert result.exit_code == 2, result.output
     result = CliRunner().invoke(redisdelay, ["limits", "set", "x", "--rate", "1/s"], obj=SimpleNamespace(app=rd.app))
     assert result.exit_code == 2 and "task:<task name>" in result.output
+
+
+def test_a_plain_task_under_limits_parks_every_call_in_all_tasks_mode(make_app: Any, client: Any) -> None:
+    app, extension = make_app(
+        redisdelay_all_tasks=True,
+        redisdelay_task_limits={"limits.plain_setting": {"concurrency": 1, "key": "host:{host}"}},
+    )
+
+    @app.task(name="limits.plain_setting", shared=False)
+    def from_setting(host: str) -> None: ...
+
+    @app.task(name="limits.plain_option", shared=False, redisdelay_limit_concurrency=1)
+    def from_option() -> None: ...
+
+    @app.task(name="limits.plain_free", shared=False)
+    def free() -> None: ...
+
+    queue = app.conf.task_default_queue
+    by_setting = [from_setting.delay("a") for _ in range(3)] + [from_setting.delay("b")]
+    by_option = [from_option.delay() for _ in range(2)]
+    free.delay()  # not under limits, due now: Celery's own
+    assert client.llen(queue) == 1
+    assert all(extension.find(call.id) is not None for call in by_setting + by_option)  # parked, due now
+    wait_for(lambda: release(extension) and client.llen(queue) == 4, 5, "the calls the limits allow")
+    released = {json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1)}
+    # One call per host, one of the task limited by its option (calls due in the same millisecond go in id order).
+    assert len(released & {call.id for call in by_setting[:3]}) == 1
+    assert by_setting[3].id in released
+    assert len(released & {call.id for call in by_option}) == 1
+    assert extension.stats()["limited"] == 3
+
+
+def test_a_plain_tasks_limits_that_cannot_work_are_refused_at_its_first_call(make_app: Any) -> None:
+    app, extension = make_app(redisdelay_all_tasks=True, redisdelay_task_limits={"limits.bad": {"rate": "5/x"}})
+
+    @app.task(name="limits.bad", shared=False)
+    def bad() -> None: ...
+
+    with pytest.raises(ConfigurationError, match=r"limit_rate='5/x' of limits\.bad"):
+        bad.delay()
+    assert extension.stats()["delayed"] == 0

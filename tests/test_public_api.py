@@ -61,6 +61,8 @@ COMMANDS = {
     "adopt",
     # added since: the Grafana dashboard and alert rules
     "monitoring",
+    # added since: limits across every worker
+    "limits",
 }  # fmt: skip
 
 

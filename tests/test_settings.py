@@ -178,6 +178,7 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_lease",
         "redisdelay_lease_renewal",
         "redisdelay_quotas",
+        "redisdelay_task_limits",
     }
 
 

@@ -1,5 +1,5 @@
 """The limits calls are under, for operators: what each allows, what waits on it and what it holds, and a way to
-change a limit while everything runs (``celery -A proj redisdelay limits``, ``rd.limits()``).
+change a limit while everything runs (``celery -A proj redisdelay limits``).
 
 A limit is declared in code and written by each park of a call under it (``code:<name>`` in the store's
 ``limits`` hash); an operator's setting (``set:<name>``) wins over it until it is reset. See

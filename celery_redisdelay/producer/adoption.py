@@ -6,9 +6,9 @@ Every call of an app goes through ``app.send_task`` (``apply_async``, ``delay``,
 ``autoretry_for``), which the extension holds: with the setting on, a call of a plain task of the app
 (``@app.task``, ``@shared_task``, a class-based task, a task of an installed package) that has a countdown
 or an eta in the future is parked as a delayed task's call is, by :class:`AdoptedRules`. A call due now goes
-to the broker as Celery sends it. Celery's own tasks (``celery.*``: chord unlock, backend cleanup, canvas
-helpers), the extension's (``redisdelay.*``) and tasks that opt out (``redisdelay_park = False``) are left to
-Celery.
+to the broker as Celery sends it, unless the task is under limits. Celery's own tasks (``celery.*``: chord
+unlock, backend cleanup, canvas helpers), the extension's (``redisdelay.*``) and tasks that opt out
+(``redisdelay_park = False``) are left to Celery.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 
-from ..errors import RedisDelayError
+from ..errors import ConfigurationError, RedisDelayError
 from ..message.envelope import Envelope
 from ..store.calls import BrokerCopy
+from ..store.limits import LIMIT_OPTIONS
 from ..store.meta import meta_json, routed
-from .rules import CallRules
+from .rules import CallRules, check_limit_options
 from .schedule import resolve_due
 from .task import DelayedTask
 
@@ -38,12 +39,46 @@ OPT_OUT = "redisdelay_park"
 
 
 class AdoptedRules(CallRules):
-    """The rules a plain task's delayed calls are parked by: the settings' limits (``apply_async`` may give
+    """The rules a plain task's delayed calls are parked by: the settings' timeouts (``apply_async`` may give
     its own per call), unique and debounce keys as for a delayed task, no lock, and the routing Celery gives
-    the call. Nothing is read from the task's attributes, so a task class's own names cannot clash."""
+    the call. Of the task's attributes only the ``redisdelay_``-prefixed limits are read (``@app.task(
+    redisdelay_limit_rate="10/s")``), so a task class's own names cannot clash; the ``redisdelay_task_limits``
+    setting gives limits by task name too (``{"proj.fetch": {"rate": "10/s", "key": "host:{host}"}}``), and
+    the task's own options win. A task under limits parks every call, due now or not (see
+    :mod:`celery_redisdelay.store.limits`)."""
 
     def __init__(self, task: Any, depot: Depot, templates: TemplateCache) -> None:
         self.name, self.depot, self.templates = task.name, depot, templates
+        given = task_limit_options(task, depot.app.conf)
+        for option, value in given.items():
+            setattr(self, option, value)
+        if given:
+            check_limit_options(task.run, {"name": task.name, **given})
+            self.run = task.run  # the limit_key template names its arguments
+
+
+#: What the ``redisdelay_task_limits`` setting calls each limit option.
+SETTING_NAMES = {"rate": "limit_rate", "concurrency": "limit_concurrency", "key": "limit_key", "quota": "limit_quota"}
+
+
+def task_limit_options(task: Any, conf: Any) -> dict[str, Any]:
+    """A plain task's limit options: from ``redisdelay_task_limits[task.name]``, then its own ``redisdelay_limit_*``
+    attributes over them."""
+    table = conf.get("redisdelay_task_limits") or {}
+    if not isinstance(table, dict):
+        raise ConfigurationError(f"redisdelay_task_limits must be a dict of task name -> limits, not {table!r}")
+    from_setting = table.get(task.name) or {}
+    if not isinstance(from_setting, dict) or set(from_setting) - set(SETTING_NAMES):
+        raise ConfigurationError(
+            f"redisdelay_task_limits[{task.name!r}] must be a dict with {', '.join(SETTING_NAMES)}, "
+            f"not {from_setting!r}"
+        )
+    given = {SETTING_NAMES[name]: value for name, value in from_setting.items() if value is not None}
+    for option in LIMIT_OPTIONS:
+        own = getattr(task, f"redisdelay_{option}", None)
+        if own is not None:
+            given[option] = own
+    return given
 
 
 def adoptable(task: Any) -> bool:
