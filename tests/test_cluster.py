@@ -127,3 +127,27 @@ def test_a_node_that_is_down_stops_only_its_shard(cluster_conf: dict[str, Any], 
         assert all(rd.find(i).state == "inflight" for i in healthy)  # type: ignore[union-attr]
     finally:
         app.close()
+
+
+def test_limits_hold_on_the_cluster(on_cluster: RedisDelay, redis_server: RedisServer) -> None:
+    """A task's calls under a concurrency limit are stored on one shard (its limit's), and the release, through
+    kombu since the broker is elsewhere, lets out no more than the limit; per key, each key's calls on its own."""
+    rd = on_cluster
+
+    @rd.delayed(name=f"tests.cluster.limited.{uuid.uuid4().hex[:6]}", limit_concurrency=2)
+    def limited(n: int) -> int:
+        return n
+
+    @rd.delayed(name=f"tests.cluster.keyed.{uuid.uuid4().hex[:6]}", limit_concurrency=1, limit_key="k{key}")
+    def keyed(key: int) -> int:
+        return key
+
+    calls = [limited.delay(n).id for n in range(6)]
+    assert len({rd.shards.home(call_id).keys.tag for call_id in calls}) == 1
+    per_key = [keyed.delay(key).id for key in range(12) for _ in range(2)]
+    assert len({rd.shards.home(call_id).keys.tag for call_id in per_key}) > 1  # the keys spread over the shards
+    rd.tick()
+    queued = queued_ids(rd, redis_server)
+    assert len(queued & set(calls)) == 2
+    assert len(queued & set(per_key)) == 12
+    assert rd.stats()["limited"] == 4 + 12

@@ -182,13 +182,13 @@ class Releaser:
     def release_step(self, report: TickReport) -> bool:
         batch = self.settings.release_batch
         claim_ms = round(self.settings.claim_timeout * 1000)
-        if self.in_script and self.lists is not None:
-            queue_ms = round(self.settings.queue_timeout * 1000)
-            self.last_release = self.store.release(batch, claim_ms, queue_ms, self.lists)
-            claimed, examined, pushed = self.last_release[:3]
-            report.released += pushed
-        else:
-            (claimed, examined), pushed = self.store.claim_batch(batch, claim_ms), 0
+        # One script either way: it pushes what it can onto the broker's lists where the broker is the store's
+        # Redis, and claims the rest for publishing here; calls under limits wait in it on every path.
+        queue_ms = round(self.settings.queue_timeout * 1000)
+        lists = self.lists if self.in_script and self.lists is not None else []
+        self.last_release = self.store.release(batch, claim_ms, queue_ms, lists)
+        claimed, examined, pushed = self.last_release[:3]
+        report.released += pushed
         report.dead += examined - pushed - len(claimed)  # due ids without payload, buried by the script
         if claimed:
             report.released += self._publish_batch(claimed, report)
