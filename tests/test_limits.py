@@ -96,13 +96,13 @@ def test_a_limit_is_stored_as_the_code_declares_it(rd: RedisDelay, client: Any) 
 # -- on a real worker ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def limited(redis_server: RedisServer) -> Iterator[PoolRun]:
-    """A prefork worker with four processes and a precise releaser; short leases, so that a killed worker's
-    slots come back soon."""
+@pytest.fixture(params=["prefork", "gevent"])
+def limited(redis_server: RedisServer, request: pytest.FixtureRequest) -> Iterator[PoolRun]:
+    """A worker with four processes (prefork) or greenlets (gevent) and a precise releaser; short leases, so that a
+    killed worker's slots come back soon."""
     with pool_worker(
         redis_server,
-        "prefork",
+        request.param,
         concurrency=4,
         redisdelay_precise_release=True,
         redisdelay_quotas=QUOTAS,
