@@ -327,3 +327,28 @@ def test_a_plain_tasks_limits_that_cannot_work_are_refused_at_its_first_call(mak
     with pytest.raises(ConfigurationError, match=r"limit_rate='5/x' of limits\.bad"):
         bad.delay()
     assert extension.stats()["delayed"] == 0
+
+
+def test_the_exporter_and_status_say_what_each_limit_holds(rd: RedisDelay, client: Any) -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from celery_redisdelay.operations.metrics import RedisDelayCollector
+
+    @rd.delayed(name="limits.watched", limit_concurrency=1, limit_key="k{key}")
+    def task(key: int) -> None: ...
+
+    for key in (1, 1, 1, 2):
+        task.delay(key)
+    wait_for(lambda: release(rd) and rd.stats()["limited"] == 2, 5, "two calls held by the limit")
+    registry = CollectorRegistry()
+    registry.register(RedisDelayCollector(rd))
+    lines = set(generate_latest(registry).decode().splitlines())
+    assert 'redisdelay_limit_waiting{limit="task:limits.watched"} 2.0' in lines
+    assert 'redisdelay_limit_keys_waiting{limit="task:limits.watched"} 1.0' in lines
+    assert 'redisdelay_limit_in_flight{limit="task:limits.watched"} 2.0' in lines
+    assert 'redisdelay_limit_released_total{limit="task:limits.watched"} 2.0' in lines
+    assert "redisdelay_limited 2.0" in lines
+    assert any(line.startswith('redisdelay_limit_next_seconds{limit="task:limits.watched"}') for line in lines)
+    found = CliRunner().invoke(redisdelay, ["status", "--json"], obj=SimpleNamespace(app=rd.app))
+    assert json.loads(found.output)["limited"] == 2

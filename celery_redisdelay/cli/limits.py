@@ -41,9 +41,11 @@ def limits(ctx: click.Context, as_json: bool) -> None:
                 f"{state.gates:,}",
                 f"{state.in_flight:,}",
                 wait,
+                f"{state.released:,}",
             ]
         )
-    table(["limit", "allows", "from", "waiting", "keys waiting", "in flight", "next in"], rows, right=(3, 4, 5, 6))
+    headers = ["limit", "allows", "from", "waiting", "keys waiting", "in flight", "next in", "let go"]
+    table(headers, rows, right=(3, 4, 5, 6, 7))
 
 
 @limits.command(name="set")

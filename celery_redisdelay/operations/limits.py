@@ -31,6 +31,7 @@ class LimitState:
     gates: int = 0
     in_flight: int = 0
     next_ms: float | None = None
+    released: int = 0  # calls it let go, ever (a counter: its rate is the limit's current rate)
 
     @property
     def effective(self) -> Limit | None:
@@ -46,6 +47,7 @@ class LimitState:
             "keys_waiting": self.gates,
             "in_flight": self.in_flight,
             "next_ms": self.next_ms,
+            "released": self.released,
         }
 
 
@@ -90,8 +92,12 @@ def _read_store(store: CallStore, states: dict[str, LimitState]) -> None:
         for name in states:
             prefix = f"{name}\t".encode()
             pipe.zlexcount(keys.slots, b"[" + prefix, b"[" + prefix + b"\xff")
-        for name, count in zip(states, pipe.execute(), strict=True):
+        for name in states:
+            pipe.hget(keys.counters, f"limit_released:{name}")
+        replies = pipe.execute()
+        for name, count, released in zip(states, replies, replies[len(states) :], strict=False):
             states[name].in_flight += int(count)
+            states[name].released += int(released or 0)
 
 
 def set_limit(depot: Depot, name: str, limit: Limit | None) -> None:

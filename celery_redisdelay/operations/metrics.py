@@ -16,6 +16,8 @@ from typing import Any
 from ..store.calls import redis_errors, text
 from ..store.depot import Depot, HoldsDepot, depot_of
 from .admin import worker_leases
+from .limits import LimitState, limit_states
+from .listing import server_ms
 
 #: Upper bounds of the release lateness buckets, in ms (release.lua's LATENESS_BOUNDS).
 LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
@@ -45,6 +47,9 @@ class Snapshot:
     last_release: float | None = None  # when a releaser last ran (s since the epoch), the oldest over the shards
     #: worker -> (calls it holds under a lease, when it last renewed them in s since the epoch)
     workers: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: every limit calls are under: what waits on it, what it holds, what it let go
+    limits: dict[str, LimitState] = field(default_factory=dict)
+    now: float = 0.0  # the Redis clock when the limits were read (s)
 
 
 def snapshot(depot: Depot) -> Snapshot:
@@ -75,7 +80,31 @@ def snapshot(depot: Depot) -> Snapshot:
         lateness_sum_seconds=summed.get("late_ms_sum", 0) / 1000,
         last_release=oldest_release(releases),
         workers={worker: (row["leases"], row["renewed_ms"] / 1000) for worker, row in worker_leases(depot).items()},
+        limits=limit_states(depot),
+        now=server_ms(depot) / 1000,
     )
+
+
+def limit_metrics(ns: str, shot: Snapshot) -> Iterator[Any]:
+    """Per limit (``task:<name>`` or ``quota:<name>``): calls waiting on it, the keys they wait under, calls in
+    flight under it, seconds until its next waiting call may go, and the calls it let go (a counter)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    waiting = GaugeMetricFamily(f"{ns}_limit_waiting", "Due calls waiting on a limit.", labels=["limit"])
+    keys = GaugeMetricFamily(f"{ns}_limit_keys_waiting", "Keys with calls waiting on a limit.", labels=["limit"])
+    in_flight = GaugeMetricFamily(f"{ns}_limit_in_flight", "Calls in flight under a limit.", labels=["limit"])
+    upcoming = GaugeMetricFamily(
+        f"{ns}_limit_next_seconds", "Seconds until a limit's next waiting call may go.", labels=["limit"]
+    )
+    released = CounterMetricFamily(f"{ns}_limit_released", "Calls a limit let go.", labels=["limit"])
+    for name, state in shot.limits.items():
+        waiting.add_metric([name], state.waiting)
+        keys.add_metric([name], state.gates)
+        in_flight.add_metric([name], state.in_flight)
+        if state.next_ms is not None:
+            upcoming.add_metric([name], max(state.next_ms / 1000 - shot.now, 0.0))
+        released.add_metric([name], state.released)
+    yield from (waiting, keys, in_flight, upcoming, released)
 
 
 def oldest_release(releases: list[int | None]) -> float | None:
@@ -110,6 +139,7 @@ class RedisDelayCollector:
             ("inflight_expired", "In-flight calls past their deadline (waiting for a sweep)."),
             ("batch_groups", "Batch groups with items waiting."),
             ("batch_items", "Items waiting in batch groups."),
+            ("limited", "Delayed calls that are due and wait on their limits."),
         ):
             yield GaugeMetricFamily(f"{ns}_{name}", help_text, value=shot.states.get(name, 0))
         if shot.last_release is not None:
@@ -134,6 +164,7 @@ class RedisDelayCollector:
             renewed.add_metric([worker], at)
         yield leases
         yield renewed
+        yield from limit_metrics(ns, shot)
         for field_name, (name, help_text) in TOTALS.items():
             yield CounterMetricFamily(f"{ns}_{name}", help_text, value=shot.totals[field_name])
         yield HistogramMetricFamily(

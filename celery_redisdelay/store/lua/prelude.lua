@@ -20,8 +20,8 @@
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
 --   KEYS[8] counters  hash  batch_items (items waiting in all groups), and running totals for metrics:
 --       released, late_ms_sum, late_le_<ms> (release lateness, see count_releases), swept, dead_lettered,
---       acked, revoked, expired (discarded unrun by a worker), cancelled, batches_flushed, lock_deferrals;
---       lock_lines (locks with a non-empty line of waiters)
+--       acked, revoked, expired (discarded unrun by a worker), cancelled, batches_flushed, lock_deferrals,
+--       limit_released:<limit> (calls a limit let go); lock_lines (locks with a non-empty line of waiters)
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
 --   KEYS[10] history  hash  the same totals per minute, '<minute>:<name>' -> count (minute: ms // 60000),
 --       for the last HISTORY_MINUTES minutes; 'pruned' the last minute forgotten (see prune_history),
@@ -203,13 +203,14 @@ local function limit_spec(name)
     return spec
 end
 
--- A gate's limits: {{instance, spec}, ...}.
+-- A gate's limits: {{instance, spec, limit name}, ...}.
 local function gate_limits(gate)
     local found = gate_limits_seen[gate]
     if not found then
         found = {}
         for instance in string.gmatch(gate, '[^\n]+') do
-            found[#found + 1] = {instance, limit_spec(string.match(instance, '^[^\t]*'))}
+            local name = string.match(instance, '^[^\t]*')
+            found[#found + 1] = {instance, limit_spec(name), name}
         end
         gate_limits_seen[gate] = found
     end

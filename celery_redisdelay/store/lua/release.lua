@@ -120,6 +120,7 @@ end
 -- (write_limits): the step is one instant.
 local paces_seen, paces_moved = {}, {}  -- pace member -> arrival time (false: none); the members moved
 local slots_counted, slots_added = {}, {}  -- limit instance -> slots held, this step's included; members added
+local let_out = {}  -- limit name -> calls it let go this step (counted as 'limit_released:<name>')
 
 local function pace_of(member)
     local arrival = paces_seen[member]
@@ -162,6 +163,7 @@ local function admit(gate, id, now)
     end
     for _, limit in ipairs(limits) do
         local instance, spec = limit[1], limit[2]
+        let_out[limit[3]] = (let_out[limit[3]] or 0) + 1
         if spec then
             for number, rate in ipairs(type(spec.r) == 'table' and spec.r or {}) do
                 local member = instance .. NUL .. number
@@ -188,6 +190,9 @@ local function write_limits()
     end
     bulk('ZADD', PACES, moved)
     bulk('ZADD', SLOTS, slots_added)
+    for name, n in pairs(let_out) do
+        redis.call('HINCRBY', COUNTERS, 'limit_released:' .. name, n)
+    end
 end
 
 -- The gate in a call's stored metadata, or false. The park writes it last before the end of a parked call's
