@@ -189,7 +189,7 @@ def test_the_dashboard_draws_and_serves_the_history(make_app: MakeApp, client: r
     web = create_app(rd).test_client()
     page = web.get("/").get_data(as_text=True)
     assert 'id="history"' in page and "last hour, per minute" in page
-    assert page.count('<polyline class="line') == 8, "3 flow lines, 3 trouble lines, p50 and p99"
+    assert page.count('<polyline class="line') == 9, "4 flow lines, 3 trouble lines, p50 and p99"
     assert f'data-summary="parked">{totals["parked"]}<' in page
     fragment = web.get("/history?window=24h")
     assert fragment.status_code == 200

@@ -27,6 +27,7 @@ EVENTS = {
     "swept": "delivered again",
     "dead_lettered": "dead-lettered",
     "cancelled": "cancelled",
+    "limited": "held by limits",
     "revoked": "revoked",
     "expired": "expired",
 }

@@ -16,7 +16,10 @@ from .overview import tidy_step
 #: The windows offered: name -> (minutes read, minutes per point, title).
 WINDOWS = {"1h": (60, 1, "last hour, per minute"), "24h": (1440, 10, "last 24 hours, per 10 minutes")}
 #: The charts: title, then (event, CSS class) per line drawn.
-FLOW = ("Calls per {step}", [("parked", "s-parked"), ("released", "s-released"), ("acked", "s-acked")])
+FLOW = (
+    "Calls per {step}",
+    [("parked", "s-parked"), ("released", "s-released"), ("acked", "s-acked"), ("limited", "s-limited")],
+)
 TROUBLE = (
     "Trouble per {step}",
     [("swept", "s-swept"), ("dead_lettered", "s-dead"), ("cancelled", "s-cancelled")],

@@ -88,7 +88,7 @@ local function count(name, n)
 end
 
 -- The names counted per minute: every one a minute can hold, so a minute is forgotten in one HDEL.
-local HISTORY_NAMES = {'parked', 'released', 'acked', 'revoked', 'expired', 'swept', 'dead_lettered', 'cancelled',
+local HISTORY_NAMES = {'parked', 'released', 'acked', 'revoked', 'expired', 'swept', 'dead_lettered', 'cancelled', 'limited',
     'late_le_5', 'late_le_10', 'late_le_25', 'late_le_50', 'late_le_100', 'late_le_250', 'late_le_500',
     'late_le_1000', 'late_le_2500', 'late_le_5000', 'late_le_10000', 'late_le_30000', 'late_le_60000', 'late_le_inf'}
 -- At most this many minutes are forgotten per call, so the work is bounded even after a long pause.

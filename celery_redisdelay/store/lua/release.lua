@@ -281,6 +281,7 @@ for i, id in ipairs(ids) do
 end
 if #gated > 0 then
     redis.call('ZREM', DELAYED, unpack(gated))
+    count('limited', #gated)
 end
 local released_rows = {}  -- gated calls let out: {id, due, ...}, for the lateness counts
 local room = most_calls - #ids + #gated
