@@ -324,3 +324,29 @@ def test_the_history_charts_follow_what_happens_without_a_reload(
     expect(page.locator("#history h2")).to_have_text("What happened: last 24 hours, per 10 minutes")
     expect(shown).to_have_text(f"{read_history(rd.depot, 1440).totals()['parked']:,}")
     assert problems == [], "no script errors, nothing refused by the Content-Security-Policy, no failed load"
+
+
+def test_the_overview_shows_what_each_limit_holds(
+    shop: tuple[RedisDelay, dict[str, Any], Dashboard], browser: Any, tmp_path: Path
+) -> None:
+    rd, _, web = shop
+
+    @rd.delayed(name="crm.tasks.sync_account", limit_rate="30/m", limit_concurrency=2, limit_key="account:{account}")
+    def sync_account(account: int) -> None: ...
+
+    for account in (7, 7, 7, 9, 9, 9):
+        sync_account.delay(account)
+    wait_for(lambda: rd.tick() and rd.stats()["limited"] == 4, 10, "four calls held by the limit")
+    expect = sync_api.expect
+    page, problems = open_page(browser)
+    page.goto(web.url + "/")
+    expect(page.locator(".card").first).to_contain_text("4 held by limits")
+    panel = page.locator("section:has(h2:text('Limits'))")
+    row = panel.locator("tbody tr")
+    expect(row).to_have_count(1)
+    expect(row.locator("td")).to_have_text(
+        ["task:crm.tasks.sync_account", "30/m, 2 at once", "code", "4", "2", "2", re.compile(r"\d"), "2"]
+    )
+    panel.scroll_into_view_if_needed()
+    panel.screenshot(path=str(screenshots(tmp_path) / "dashboard-limits.png"))
+    assert problems == [], "no script errors, nothing refused by the Content-Security-Policy, no failed load"
