@@ -345,8 +345,35 @@ def test_the_overview_shows_what_each_limit_holds(
     row = panel.locator("tbody tr")
     expect(row).to_have_count(1)
     expect(row.locator("td")).to_have_text(
-        ["task:crm.tasks.sync_account", "30/m, 2 at once", "code", "4", "2", "2", re.compile(r"\d"), "2"]
+        [
+            "task:crm.tasks.sync_account",
+            "30/m, 2 at once",
+            "code",
+            "4",
+            "2",
+            "2",
+            re.compile(r"\d"),
+            "2",
+            re.compile("Set"),
+        ]
     )
     panel.scroll_into_view_if_needed()
     panel.screenshot(path=str(screenshots(tmp_path) / "dashboard-limits.png"))
+
+    # An operator changes the limit from the page; a limit that cannot work is refused, naming what is wrong.
+    form = row.locator("form")
+    form.get_by_label("Rates of task:crm.tasks.sync_account").fill("5/x")
+    form.get_by_role("button", name="Set").click()
+    expect(page.locator(".flash-error")).to_contain_text("rate='5/x' is not a rate")
+    expect(row.locator("td").nth(1)).to_have_text("30/m, 2 at once")
+    form.get_by_label("Concurrency of task:crm.tasks.sync_account").fill("3")
+    form.get_by_role("button", name="Set").click()
+    expect(page.locator(".flash-done")).to_contain_text("3 at once")
+    expect(row.locator("td").nth(1)).to_have_text("3 at once")
+    expect(row.locator("td").nth(2)).to_have_text("set")
+    # Three at once and no rate: each account's two waiting calls go beside the one in flight.
+    wait_for(lambda: rd.tick() and rd.stats()["limited"] == 0, 10, "the new limit to let the waiting calls go")
+    form.get_by_role("button", name="Reset").click()
+    expect(row.locator("td").nth(1)).to_have_text("30/m, 2 at once")
+    expect(row.locator("td").nth(2)).to_have_text("code")
     assert problems == [], "no script errors, nothing refused by the Content-Security-Policy, no failed load"

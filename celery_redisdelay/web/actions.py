@@ -1,8 +1,9 @@
 """The dashboard's actions (POST, each checked for its CSRF token and refused in read-only mode):
 run now, reschedule, cancel, requeue and purge, on one call, on the calls selected in a list, or on
-every call matching the list's filter. The destructive ones and every bulk one show a confirmation
-page first. Each step is the same bounded script call as the command line's (see
-:mod:`celery_redisdelay.operations.actions`); cancelling marks the calls REVOKED (``rd.cancel_many``).
+every call matching the list's filter; and setting a limit, or resetting it to the code's. The
+destructive ones and every bulk one show a confirmation page first. Each step is the same bounded
+script call as the command line's (see :mod:`celery_redisdelay.operations.actions`); cancelling marks
+the calls REVOKED (``rd.cancel_many``).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from typing import TYPE_CHECKING
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
-from ..errors import ScheduleError
+from ..errors import ConfigurationError, ScheduleError
 from ..operations.actions import ACTION_STATES, act_on, act_on_matching
+from ..operations.limits import set_limit
 from ..operations.listing import server_ms
 from ..producer.schedule import resolve_due
+from ..store.limits import Limit
 from .board import dashboard
 from .overview import state_counts
 from .query import ListQuery
@@ -137,3 +140,31 @@ def _confirm(question: str, back: str) -> str:
     return render_template(
         "confirm.html", question=question, fields=fields, target=request.path, back=back, danger=danger
     )
+
+
+@blueprint.post("/limits/<path:name>")
+def limit(name: str) -> Response:
+    """Set limit ``name`` from the form (``rate``: rates separated by commas; ``concurrency``), over what the code
+    declares, or reset it to the code's (``reset``): as ``celery -A proj redisdelay limits set|reset`` does."""
+    rd = dashboard().rd
+    back = redirect(url_for("views.overview_page") + "#limits")
+    try:
+        if request.form.get("reset"):
+            set_limit(rd.depot, name, None)
+            flash(f"{name}: as the code declares it.", "done")
+            return back
+        rates = [rate.strip() for rate in request.form.get("rate", "").split(",") if rate.strip()]
+        concurrency = request.form.get("concurrency", "").strip()
+        chosen = Limit.declared(
+            rates or None,
+            int(concurrency) if concurrency.lstrip("-").isdigit() else concurrency or None,
+            ("rate", "concurrency"),
+        )
+        if chosen.empty:
+            raise ConfigurationError("give a rate, a concurrency or both (Reset goes back to the code's)")
+        set_limit(rd.depot, name, chosen)
+    except (ConfigurationError, ValueError) as exc:
+        flash(f"{name}: nothing changed: {exc}", "error")
+        return back
+    flash(f"{name}: {chosen.describe()}; the next release goes by it.", "done")
+    return back
