@@ -92,6 +92,12 @@ burst
     drain rate, worker RSS growth and Redis bytes per waiting call, for ours, Celery's own eta path and,
     when installed (not with ``--quick``), celery-redis-plus (``bench/peer_app.py``). Targets: p99 at
     most 1.2x Celery's; RSS growth at most 5 MB.
+limits
+    On two ``-P prefork -c 2`` workers with precise releasers: a task with ``limit_rate="20/s"`` kept busy for
+    30 [5] s, against a plain task with Celery's ``rate_limit="20/s"`` on the same workers (each keeps its own);
+    calls/s and the most started in one second. Target: >= 0.95x the limit, <= 21 in a second. Then 1,000 [100]
+    keys at 1/s each, a call per key due at one instant: the latest start after the due time, against the
+    same calls without limits. Target: <= 2 s.
 """
 
 from __future__ import annotations

@@ -136,6 +136,11 @@ def build(
         while time.monotonic() < ends and not marks.exists(f"{key}:awake"):
             time.sleep(0.1)
 
+    # The limits figure: a rate for the whole fleet, Celery's per-worker rate_limit, and a rate per key.
+    rd.delayed(name="bench.rated_stamp", bind=True, limit_rate="20/s")(record_start)
+    app.task(name="bench.plain_rated_stamp", bind=True, shared=False, rate_limit="20/s")(record_start)
+    rd.delayed(name="bench.keyed_stamp", bind=True, limit_rate="1/s", limit_key="key:{i}")(record_start)
+
     sleeper = rd.delayed(name="bench.sleeper", bind=True)(sleep)
     plain_sleeper = app.task(name="bench.plain_sleeper", bind=True, shared=False, acks_late=True)(sleep)
     return BenchApp(url, app, rd, delayed_noop, plain_noop, stamp, plain_stamp, sleeper, plain_sleeper)

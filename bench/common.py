@@ -35,6 +35,8 @@ RECOVERY_QUEUE = "bench-recovery"  # a killed worker's calls, run again by anoth
 BURST_QUEUE = "bench-burst"  # calls due at one instant, drained by one worker
 BURST_PLAIN_QUEUE = "bench-burst-plain"  # the same as Celery's eta tasks
 LIMITED_QUEUE = "bench-limited"  # calls under limits, released by the tick (nobody consumes)
+LIMITS_QUEUE = "bench-limits"  # calls under a fleet-wide rate, run by two workers
+LIMITS_PLAIN_QUEUE = "bench-limits-plain"  # the same under Celery's per-worker rate_limit
 QUEUES = (
     DEFAULT_QUEUE,
     PARK_QUEUE,
@@ -52,6 +54,8 @@ QUEUES = (
     BURST_QUEUE,
     BURST_PLAIN_QUEUE,
     LIMITED_QUEUE,
+    LIMITS_QUEUE,
+    LIMITS_PLAIN_QUEUE,
 )
 
 

@@ -22,6 +22,8 @@ class Sizes:
     release: int  # due calls released by the tick (and moved by the raw Lua mover)
     release_send_task: int  # send_task calls of the baseline
     release_limited: int  # due calls under limits (and without) released by the tick
+    limits_seconds: float  # how long the rate of the limits figure is kept busy
+    limits_keys: int  # keys of the per-key limit, a call each
     worker_memory: int  # calls parked / plain tasks sent per worker
     worker_memory_deadline: float  # seconds to wait for the plain worker to prefetch and settle
     lateness_calls: int  # calls whose lateness is measured per run
@@ -41,6 +43,8 @@ NORMAL = Sizes(
     release=100_000,
     release_send_task=5000,
     release_limited=20_000,
+    limits_seconds=30.0,
+    limits_keys=1000,
     worker_memory=50_000,
     worker_memory_deadline=240.0,
     lateness_calls=300,
@@ -59,6 +63,8 @@ QUICK = Sizes(
     release=5000,
     release_send_task=500,
     release_limited=2000,
+    limits_seconds=5.0,
+    limits_keys=100,
     worker_memory=2000,
     worker_memory_deadline=30.0,
     lateness_calls=100,

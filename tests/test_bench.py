@@ -28,6 +28,7 @@ FIGURES = (
     "recovery",
     "long_run",
     "burst",
+    "limits",
 )
 NOT_IMPLEMENTED = "not implemented"
 SKIPPED = "skipped"  # the cluster figure, on a redis-server older than 7.0 (no --cluster-port)

@@ -12,6 +12,7 @@ from .dashboard import dashboard
 from .e2e import e2e_throughput
 from .history import history_cost
 from .lateness import lateness
+from .limits import limits
 from .park import park_bulk, park_single
 from .recovery import long_run, recovery
 from .redis_memory import redis_memory_per_call
@@ -37,4 +38,5 @@ FIGURES: dict[str, Figure] = {
     "recovery": recovery,
     "long_run": long_run,
     "burst": burst,
+    "limits": limits,
 }
