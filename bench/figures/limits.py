@@ -27,10 +27,15 @@ WINDOW_MS = 1000.0
 LEAD_MS = 3000
 
 
-def starts(ctx: Context, key: str, n: int, deadline: float) -> list[float]:
-    """The Redis times (ms) at which the ``n`` calls noted under ``key`` started, once all have."""
+def starts(ctx: Context, key: str, n: int, deadline: float, everything: bool = True) -> list[float]:
+    """The Redis times (ms) at which the ``n`` calls noted under ``key`` started, once all have (or, unless
+    ``everything``, those that have when ``deadline`` s have passed)."""
     client = ctx.client
-    wait_for(lambda: client.llen(key) >= n, deadline, f"{n} calls to start under {key}", 0.1)
+    try:
+        wait_for(lambda: client.llen(key) >= n, deadline, f"{n} calls to start under {key}", 0.1)
+    except TimeoutError:
+        if everything:
+            raise
     raws: Any = client.lrange(key, 0, -1)
     client.unlink(key)
     return sorted(float(int(raw.split()[1])) for raw in raws)
@@ -45,7 +50,9 @@ def most_in_a_window(times: list[float]) -> int:
     return most
 
 
-def rate_side(ctx: Context, task: Any, queue: str, seconds: float, label: str) -> dict[str, Any]:
+def rate_side(
+    ctx: Context, task: Any, queue: str, seconds: float, label: str, everything: bool = True
+) -> dict[str, Any]:
     """A backlog of calls due now of ``task``, kept busy for ``seconds`` at the limit: calls/s and the busiest
     window. The plain side's workers run as fast as their two limits allow, so it gets as many calls."""
     n = round(RATE * seconds)
@@ -53,10 +60,19 @@ def rate_side(ctx: Context, task: Any, queue: str, seconds: float, label: str) -
     with ctx.bench.app.producer_or_acquire() as producer:
         for i in range(n):
             task.apply_async((key, i), queue=queue, producer=producer)
-    times = starts(ctx, key, n, seconds * 4 + 60)
+    # Celery's side is measured over what started in twice the time the limit needs (its workers may stall).
+    times = starts(ctx, key, n, seconds * 4 + 60 if everything else seconds * 2, everything)
     span = (times[-1] - times[0]) / 1000
-    found = {"calls": n, "per_s": (n - 1) / span if span else float("inf"), "most_in_1s": most_in_a_window(times)}
-    ctx.say(f"  {label}: {found['per_s']:,.1f} calls/s, at most {found['most_in_1s']} started in one second")
+    found = {
+        "calls": n,
+        "started": len(times),
+        "per_s": (len(times) - 1) / span if span else float("inf"),
+        "most_in_1s": most_in_a_window(times),
+    }
+    ctx.say(
+        f"  {label}: {found['started']:,} of {n:,} started, {found['per_s']:,.1f} calls/s, "
+        f"at most {found['most_in_1s']} in one second"
+    )
     return found
 
 
@@ -86,13 +102,10 @@ def limits(ctx: Context) -> dict[str, Any]:
     try:
         seconds = ctx.sizes.limits_seconds
         ours = rate_side(ctx, tasks["bench.rated_stamp"], LIMITS_QUEUE, seconds, "limit_rate='20/s', two workers")
-        celery = rate_side(
-            ctx,
-            tasks["bench.plain_rated_stamp"],
-            LIMITS_PLAIN_QUEUE,
-            seconds,
-            "Celery's rate_limit='20/s', two workers",
-        )
+        plain = tasks["bench.plain_rated_stamp"]
+        label = "Celery's rate_limit='20/s', two workers"
+        celery = rate_side(ctx, plain, LIMITS_PLAIN_QUEUE, seconds, label, everything=False)
+        ctx.clear(LIMITS_PLAIN_QUEUE)  # what Celery's workers did not start in time
         keyed = keyed_side(ctx, tasks["bench.keyed_stamp"], ctx.sizes.limits_keys, "a call per key, 1/s per key")
         free = keyed_side(ctx, tasks["bench.stamp"], ctx.sizes.limits_keys, "the same calls without limits")
     finally:
