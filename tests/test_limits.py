@@ -352,3 +352,20 @@ def test_the_exporter_and_status_say_what_each_limit_holds(rd: RedisDelay, clien
     assert any(line.startswith('redisdelay_limit_next_seconds{limit="task:limits.watched"}') for line in lines)
     found = CliRunner().invoke(redisdelay, ["status", "--json"], obj=SimpleNamespace(app=rd.app))
     assert json.loads(found.output)["limited"] == 2
+
+
+@pytest.mark.parametrize(
+    ("conf", "rate", "warned"),
+    [({}, "5/s", True), ({"redisdelay_precise_release": True}, "5/s", False), ({}, "30/m", False)],
+)
+def test_a_rate_the_tick_releaser_cannot_keep_is_reported_at_start_up(
+    make_app: Any, conf: dict[str, Any], rate: str, warned: bool
+) -> None:
+    _, extension = make_app(**conf)
+
+    @extension.delayed(name="limits.fast", limit_rate=rate)
+    def task() -> None: ...
+
+    found = [problem for problem in extension.check_config() if "limits.fast" in problem]
+    assert bool(found) == warned, found
+    assert all("redisdelay_precise_release = True" in problem for problem in found)

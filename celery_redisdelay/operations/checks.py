@@ -49,12 +49,12 @@ def config_problems(depot: Depot) -> list[str]:
     broker's ``visibility_timeout`` (one hour by default): a run longer than that under
     ``acks_late``, or a message waiting in a worker's prefetch buffer that long.
     """
+    problems = limit_problems(depot)
     with depot.app.connection_for_read() as connection:  # as kombu reaches the broker; nothing connects yet
         if not is_redis_transport(connection):
-            return []
+            return problems
         options = connection.transport_options or {}
     broker_timeout = float(options.get("visibility_timeout", 3600))
-    problems = []
     runs = {
         task.name: task.visibility_timeout or depot.settings.visibility_timeout
         for task in depot.app.tasks.values()
@@ -76,3 +76,30 @@ def config_problems(depot: Depot) -> list[str]:
             "by the sweep and again by the broker. Leave redisdelay_queue_timeout unset (twice the broker's)"
         )
     return problems
+
+
+def limit_problems(depot: Depot) -> list[str]:
+    """Rate limits faster than one call per tick without the precise releaser: a gate lets a call out only when
+    a releaser looks, so the tick releaser runs such a task at one call per tick, below its limit."""
+    if depot.settings.precise_release:
+        return []
+    tick_ms = depot.settings.tick_interval * 1000
+    fast = sorted(
+        task.name
+        for task in depot.app.tasks.values()
+        if isinstance(task, DelayedTask)
+        and task.task_limits is not None
+        and any(per / calls < tick_ms for calls, per in task.task_limits.own.rates)
+    )
+    fast += sorted(
+        f"quota {name}"
+        for name, limit in depot.quotas.items()
+        if any(per / calls < tick_ms for calls, per in limit.rates)
+    )
+    if not fast:
+        return []
+    return [
+        f"{', '.join(fast)}: a rate limit faster than one call per tick ({depot.settings.tick_interval:g} s), and "
+        "redisdelay_precise_release is off: the tick releaser lets out one call of each key per tick, below the "
+        "limit. Set redisdelay_precise_release = True"
+    ]
