@@ -351,7 +351,12 @@ def test_the_exporter_and_status_say_what_each_limit_holds(rd: RedisDelay, clien
     assert "redisdelay_limited 2.0" in lines
     assert any(line.startswith('redisdelay_limit_next_seconds{limit="task:limits.watched"}') for line in lines)
     found = CliRunner().invoke(redisdelay, ["status", "--json"], obj=SimpleNamespace(app=rd.app))
-    assert json.loads(found.output)["limited"] == 2
+    status = json.loads(found.output)
+    assert status["limited"] == 2
+    [limit] = status["limits"]
+    assert (limit["name"], limit["waiting"], limit["in_flight"]) == ("task:limits.watched", 2, 2)
+    text = CliRunner().invoke(redisdelay, ["status"], obj=SimpleNamespace(app=rd.app)).output
+    assert "  task:limits.watched  1 at once: 2 waiting, 2 in flight" in text
 
 
 @pytest.mark.parametrize(

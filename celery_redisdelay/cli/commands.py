@@ -182,6 +182,14 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
         (f"  {worker}", f"{row['leases']:,} calls, renewed {span(row['renewed_seconds_ago'])} ago")
         for worker, row in found["workers"].items()
     ]
+    rows.append(("limits", f"{len(found['limits']):,} (celery -A proj redisdelay limits)"))
+    rows += [
+        (
+            f"  {row['name']}",
+            f"{row['effective'] or 'none'}: {row['waiting']:,} waiting, {row['in_flight']:,} in flight",
+        )
+        for row in found["limits"]
+    ]
     pairs(rows)
     if with_history:
         print_history(depot, minutes)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RedisDelayError
 from ..store.calls import LARGEST_STEP, CallStore, redis_errors, text
 from ..store.meta import decode_meta
+from .limits import limit_states
 from .listing import ORDERS, SCORE_MEANING, Filter, Page, entry_dict, format_cursor, iso, page, parse_cursor, server_ms
 from .payloads import PICKLE, SHOWN_HEADERS, decode_payload, queue_of
 
@@ -61,7 +62,8 @@ def status(depot: Depot) -> dict[str, Any]:
     (the unsharded layout among them), which are read too since they may still hold calls.
 
     ``due`` counts delayed calls already due (``oldest_overdue``: the one due longest ago);
-    ``limited`` counts the delayed calls that are due and wait on their limits (see ``limits``).
+    ``limited`` counts the delayed calls that are due and wait on their limits; ``limits`` says, per limit,
+    what it allows, what waits on it and what it holds (see :mod:`.limits`).
     ``inflight_expired`` counts calls in flight past their deadline (``oldest_expired``), which the next
     sweep delivers again or dead-letters. ``memory_bytes_estimate`` adds up ``MEMORY USAGE`` (which
     samples large keys) of each shard's fixed keys; batch item lists and locks are not counted; None
@@ -127,6 +129,7 @@ def status(depot: Depot) -> dict[str, Any]:
         "oldest_expired": _oldest(firsts["inflight"]),
         "memory_bytes_estimate": memory,
         "workers": worker_leases(depot),
+        "limits": [state.as_dict() for state in limit_states(depot).values()],
     }
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..operations.limits import limit_states
 from ..operations.listing import server_ms
 from ..store.calls import redis_errors, text
 from ..store.meta import decode_meta
@@ -66,16 +65,13 @@ class Chart:
     total: int
 
 
-def limit_rows(rd: RedisDelay) -> list[dict[str, Any]]:
-    """Every limit calls are under (see :mod:`celery_redisdelay.operations.limits`), with ``next_in``: seconds
-    until its next waiting call may go (None when none waits)."""
-    now = server_ms(rd.depot) / 1000
-    rows = []
-    for state in limit_states(rd.depot).values():
-        row = state.as_dict()
-        row["next_in"] = None if state.next_ms is None else max(state.next_ms / 1000 - now, 0.0)
-        rows.append(row)
-    return rows
+def limit_rows(rd: RedisDelay, limits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The limits as ``status`` gives them (see :mod:`celery_redisdelay.operations.limits`), each with ``next_in``:
+    seconds until its next waiting call may go (None when none waits)."""
+    now = server_ms(rd.depot)
+    return [
+        {**row, "next_in": None if row["next_ms"] is None else max(row["next_ms"] - now, 0.0) / 1000} for row in limits
+    ]
 
 
 def due_histogram(rd: RedisDelay) -> dict[str, Any]:

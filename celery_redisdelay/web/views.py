@@ -47,7 +47,7 @@ def overview_page() -> str:
         history=history_view(rd, _window()),
         due=overview.due_histogram(rd),
         tasks=overview.task_chart(overview.tasks_sample(rd)),
-        limits=overview.limit_rows(rd),
+        limits=overview.limit_rows(rd, status["limits"]),
         **page_context(rd, "overview", counts),
     )
 
