@@ -374,3 +374,21 @@ def test_a_rate_the_tick_releaser_cannot_keep_is_reported_at_start_up(
     found = [problem for problem in extension.check_config() if "limits.fast" in problem]
     assert bool(found) == warned, found
     assert all("redisdelay_precise_release = True" in problem for problem in found)
+
+
+def test_a_slot_whose_holder_left_flight_unseen_is_found_when_slots_are_counted(rd: RedisDelay, client: Any) -> None:
+    """Fault injection: a holder leaves flight by a way that does not give its slot back (here, removed by hand);
+    the count that reaches the limit finds it, and the waiting call goes."""
+
+    @rd.delayed(name="limits.one_at_a_time", limit_concurrency=1)
+    def task(n: int) -> None: ...
+
+    first, second = task.delay(1), task.delay(2)
+    queue = rd.app.conf.task_default_queue
+    wait_for(lambda: release(rd) and client.llen(queue) == 1, 5, "the first call to go")
+    holder = json.loads(client.lindex(queue, 0))["headers"]["id"]
+    waiting = second.id if holder == first.id else first.id
+    assert rd.find(waiting).meta["s"] == "limited"  # type: ignore[union-attr]
+    client.zrem(rd.keys.inflight, holder)
+    wait_for(lambda: release(rd) and client.llen(queue) == 2, 5, "the waiting call to go once the slot is found free")
+    assert client.zlexcount(rd.keys.slots, "-", "+") == 1  # the stale holder is gone, the new one holds it

@@ -178,7 +178,7 @@ end
 --   again. The acknowledgement and the sweep give the slot back at once and wake the gates waiting for it;
 --   any other way out is found when the slots are counted (a holder no longer in flight is no holder).
 local NUL, AFTER_NUL = '\0', '\1'
-local SLOT_PRUNE = 32  -- stale slot holders looked at, at most, per count
+local SLOT_PRUNE = 32  -- slot holders looked at, at most, per count that reaches the limit
 local WAKE_GATES = 8  -- gates woken, at most, per slot given back
 local LIMIT_RECHECK = 2000  -- a gate waiting for a slot looks again after this long (ms), woken or not
 
@@ -221,16 +221,18 @@ local function lex_range(prefix)
     return '[' .. prefix .. NUL, '(' .. prefix .. AFTER_NUL
 end
 
--- How many slots of an instance are held, at least ``most`` known to be live when the answer is ``most``
--- or more: holders no longer in flight (nor let out by this script) are dropped as they are met (a few per
--- count).
+-- How many slots of an instance are held (an upper bound once it reaches ``most``): holders no longer in flight
+-- (nor let out by this script) are dropped as they are met, SLOT_PRUNE looked at per count.
 local function slots_taken(instance, most)
     local low, high = lex_range(instance)
     local held = redis.call('ZLEXCOUNT', SLOTS, low, high)
     if held < most then
         return held
     end
-    for _, member in ipairs(redis.call('ZRANGEBYLEX', SLOTS, low, high, 'LIMIT', 0, most + SLOT_PRUNE)) do
+    -- A window of holders, from a place that moves with the clock: each count looks at a few, and in time at
+    -- every one (the acknowledgement and the sweep give slots back themselves; stale holders are rare).
+    local from = held > SLOT_PRUNE and now_ms() % (held - SLOT_PRUNE + 1) or 0
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', SLOTS, low, high, 'LIMIT', from, SLOT_PRUNE)) do
         local id = string.sub(member, #instance + 2)
         if not slots_taken_now[id] and not redis.call('ZSCORE', INFLIGHT, id) then
             redis.call('ZREM', SLOTS, member)
