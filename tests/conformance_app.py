@@ -18,8 +18,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -37,7 +40,28 @@ PREFIX = "pfx:"
 QUEUES = ("conf", "conf.routed", "conf.bound")
 BOUND_EXCHANGE, BOUND_KEY = "conf.exchange", "conf.key"
 
-app = Celery("conformance", broker=f"{URL}/3", backend=f"{URL}/5")
+
+class ConformanceApp(Celery):  # type: ignore[misc]
+    """Celery whose clock a task can stop in its own thread (:meth:`clock_at`): ``app.now()`` is what Celery, and
+    the extension as Celery does, add a countdown to for the message's eta, so two calls made at the same stopped
+    instant get the same eta."""
+
+    _stopped = threading.local()
+
+    def now(self) -> datetime:
+        at: datetime | None = getattr(self._stopped, "at", None)
+        return at.astimezone(self.timezone) if at is not None else super().now()
+
+    @contextmanager
+    def clock_at(self, at: datetime) -> Iterator[None]:
+        self._stopped.at = at
+        try:
+            yield
+        finally:
+            self._stopped.at = None
+
+
+app = ConformanceApp("conformance", broker=f"{URL}/3", backend=f"{URL}/5")
 app.conf.update(
     broker_transport_options={"global_keyprefix": PREFIX},
     redisdelay_url=f"{URL}/4",
@@ -77,7 +101,7 @@ def observe(task: Any, **extra: Any) -> None:
         "args": r.args,
         "kwargs": r.kwargs,
         "retries": r.retries,
-        "eta": r.eta is not None,
+        "eta": r.eta,
         "expires": r.expires,
         "exchange": (r.delivery_info or {}).get("exchange"),
         "routing_key": (r.delivery_info or {}).get("routing_key"),
@@ -138,6 +162,16 @@ def flaky(self: Any, token: str, failures: int) -> int:
     if marks.incr(f"flaky:{token}:{self.name}") <= failures:
         raise ValueError(f"failure {self.request.retries}")
     return self.request.retries
+
+
+@both()
+def retry_once(self: Any, at: str, countdown: float) -> int:
+    """Retry once with ``countdown``, the app's clock stopped at ``at``: both variants' retries get one eta."""
+    observe(self)
+    if self.request.retries == 0:
+        with app.clock_at(datetime.fromisoformat(at)):
+            raise self.retry(countdown=countdown)
+    return int(self.request.retries)
 
 
 @both()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
 
@@ -63,6 +64,15 @@ def tls() -> Iterator[LocalTLS]:
     server = start_or_skip(LocalTLS())
     yield server
     server.stop()
+
+
+@pytest.fixture
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> datetime:
+    """Every app's clock (``app.now()``, which Celery adds a countdown to for a message's eta) stands still
+    for the test: two calls with the same countdown, parked or sent by Celery, get the same eta."""
+    instant = datetime.now(UTC)
+    monkeypatch.setattr(Celery, "now", lambda self: instant.astimezone(self.timezone))
+    return instant
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from celery import Celery, Task, shared_task
 from kombu import Consumer, Queue
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.message.marks import ETA_HEADER
 from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import pool_worker
 
@@ -75,9 +76,11 @@ def broker_messages(client: redis.Redis, queue: str) -> list[dict[str, Any]]:
 
 def comparable(message: dict[str, Any]) -> dict[str, Any]:
     """A broker message minus what differs between two apps and two instants: the delivery tag (new per
-    publish), the app's reply queue, and an eta computed from a countdown (present or not, they agree)."""
+    publish), the app's reply queue, and an eta computed from a countdown (present or not, they agree), which a
+    parked call's message keeps for the running task in a private header instead."""
     properties = {k: v for k, v in message["properties"].items() if k not in ("delivery_tag", "reply_to")}
-    headers = {**message["headers"], "eta": message["headers"]["eta"] is not None}
+    headers = {k: v for k, v in message["headers"].items() if k != ETA_HEADER}
+    headers["eta"] = message["headers"]["eta"] is not None
     return {**message, "properties": properties, "headers": headers}
 
 
@@ -130,6 +133,7 @@ def test_calls_due_now_and_calls_left_to_celery_are_sent_as_celery_sends_them(
     assert rd.find(internal.id) is None, "Celery's own tasks keep Celery's path"
 
 
+@pytest.mark.usefixtures("frozen_clock")  # the same instant for Celery's call and ours: the same eta
 def test_a_parked_call_is_released_as_the_message_celery_sends_without_its_delay(
     adopting: tuple[Celery, RedisDelay], without: Celery, client: redis.Redis
 ) -> None:
@@ -138,13 +142,15 @@ def test_a_parked_call_is_released_as_the_message_celery_sends_without_its_delay
     queue = app.conf.task_default_queue
     call_id = f"released-{uuid.uuid4().hex}"
     ours["add"].apply_async((1, 2), task_id=call_id, countdown=0.01, headers={"tenant": "t1"}, priority=0)
-    theirs["add"].apply_async((1, 2), task_id=call_id, headers={"tenant": "t1"}, priority=0)
-    celerys = comparable(json.loads(client.rpop(queue)))  # type: ignore[arg-type]
+    theirs["add"].apply_async((1, 2), task_id=call_id, countdown=0.01, headers={"tenant": "t1"}, priority=0)
+    celerys = json.loads(client.rpop(queue))  # type: ignore[arg-type]
     wait = datetime.now(UTC) + timedelta(seconds=1)
     while rd.tick()["released"] == 0:
         assert datetime.now(UTC) < wait, "the parked call was not released"
-    released = comparable(json.loads(client.rpop(queue)))  # type: ignore[arg-type]
-    assert released == celerys
+    released = json.loads(client.rpop(queue))  # type: ignore[arg-type]
+    assert released["headers"]["eta"] is None, "due when released: no worker holds it on its timer"
+    assert released["headers"][ETA_HEADER] == celerys["headers"]["eta"], "Celery's eta, for the running task"
+    assert comparable(released) == {**comparable(celerys), "headers": {**comparable(celerys)["headers"], "eta": False}}
 
 
 def test_shared_tasks_of_every_app_with_the_setting_are_parked(make_app: MakeApp, queue: str) -> None:
@@ -278,6 +284,7 @@ def test_a_received_eta_message_is_stored_as_the_call_celery_would_send_now(
     rules = rd.rules_of(ours["add"])
     assert rules is not None
     with received(without, queue) as message:
+        sent_eta = message.headers["eta"]
         # kombu's copy of this delivery (the hash is the server's: other tests' workers may hold their own)
         assert client.hexists("unacked", message.delivery_tag)
         due = parking.due_ms(message)
@@ -295,6 +302,7 @@ def test_a_received_eta_message_is_stored_as_the_call_celery_would_send_now(
     celerys = json.loads(client.rpop(queue))  # type: ignore[arg-type]
     assert rd.reschedule(call_id, countdown=0) and rd.tick()["released"] == 1
     released = json.loads(client.rpop(queue))  # type: ignore[arg-type]
+    assert released["headers"].pop(ETA_HEADER) == sent_eta is not None, "the eta the message came with"
     assert {**released["headers"], "expires": None} == {**celerys["headers"], "expires": None}
     assert released["headers"]["expires"] is not None
     assert released["body"] == celerys["body"]

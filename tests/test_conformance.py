@@ -3,9 +3,10 @@
 
 The tasks are in ``tests/conformance_app.py`` (broker with kombu's ``global_keyprefix``, the store on
 another database, task events on). A run records the request the worker gave it; the comparison is
-of those records (ids and times aside), of the result state and value, of callbacks and events. The
-one difference by design in a record, ``eta`` (a parked call waited in Redis, so its message carries
-none), is asserted as such; README's "Differences from Celery's own countdown" lists it.
+of those records (ids and times aside), of the result state and value, of callbacks and events. A run's
+``eta`` is computed at the call from the producer's clock: two calls made at different instants are compared
+by its form, and calls made with the app's clock stopped (``frozen_clock``, ``ConformanceApp.clock_at``) by
+its value, which must be the same.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ import os
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from celery import chain, chord, group
+from celery import Celery, chain, chord, group
 from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 from celery.result import AsyncResult
 
@@ -91,17 +92,20 @@ def untracked(conf: Any, call_id: str) -> None:
     wait_for(lambda: conf.rd.find(call_id) is None, TIMEOUT, f"the store to forget {call_id}")
 
 
-def same(records: dict[str, list[dict[str, Any]]], parked: bool = True) -> list[dict[str, Any]]:
-    """Assert the two variants' runs are alike, but for the documented eta of a call that was parked (all
-    but a call sent due now in all-tasks mode, which is Celery's); return the plain ones."""
+def eta_form(eta: str | None) -> Any:
+    """What the etas of two calls made at different instants share: none, or ISO 8601 text with one UTC offset."""
+    return None if eta is None else ("ISO 8601", datetime.fromisoformat(eta).utcoffset())
+
+
+def same(records: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Assert the two variants' runs are alike (their etas by form); return the plain ones."""
     plain, delayed = (
-        [{k: v for k, v in run.items() if k not in VOLATILE} for run in records[variant]]
+        [
+            {**{k: v for k, v in run.items() if k not in VOLATILE}, "eta": eta_form(run["eta"])}
+            for run in records[variant]
+        ]
         for variant in ("plain", "delayed")
     )
-    if parked:
-        assert not any(run.pop("eta") for run in delayed), "a released call's message carries no eta"
-        for run in plain:
-            run.pop("eta")
     assert delayed == plain
     return plain
 
@@ -134,9 +138,54 @@ def test_a_call_runs_once_after_its_due_time(conf: Any, when: dict[str, Any]) ->
         assert result.get(timeout=TIMEOUT) == 1
         records[variant] = runs(conf, result.id)
         assert records[variant][0]["at_ms"] >= due_ms - 50, f"{variant} ran early"
-    # In all-tasks mode a call due now (a negative countdown) is sent as Celery sends it.
-    same(records, parked=not (conf.ALL_TASKS and when.get("countdown", 1) <= 0))
+    same(records)
     untracked(conf, results["delayed"].id)
+
+
+@pytest.mark.usefixtures("frozen_clock")  # both calls at one instant: a countdown gives both one eta
+@pytest.mark.parametrize(
+    "when",
+    [{"countdown": 1}, {"countdown": -0.2}, {"eta": "aware"}, {"eta": "naive"}, {"eta": "text"}, {}],
+    ids=["countdown", "negative", "eta", "naive-eta", "eta-text", "none"],
+)
+def test_the_running_task_sees_the_eta_celery_gives_it(conf: Any, when: dict[str, Any]) -> None:
+    """``self.request.eta`` is the text Celery puts in the message, though the released message has none (the
+    worker does not hold a parked call on its timer: it is due when it arrives)."""
+    at = datetime.now(UTC) + timedelta(seconds=1)
+    given = {"aware": at, "naive": at.replace(tzinfo=None), "text": at.isoformat()}
+    if "eta" in when:
+        when = {"eta": given[when["eta"]]}
+    results = launch(conf, "echo", lambda task: task.apply_async((1,), **when))
+    etas = {variant: runs(conf, result.id)[0]["eta"] for variant, result in results.items()}
+    assert etas["delayed"] == etas["plain"]
+    assert (etas["plain"] is None) == (when == {}), etas
+    untracked(conf, results["delayed"].id)
+
+
+def test_a_retry_with_a_countdown_sees_the_eta_celery_gives_it(conf: Any) -> None:
+    at = datetime.now(UTC).isoformat()  # the app's clock at the retry, in each variant's run
+    results = launch(conf, "retry_once", lambda task: task.apply_async((at, 1)))
+    assert {variant: r.get(timeout=TIMEOUT) for variant, r in results.items()} == {"plain": 1, "delayed": 1}
+    etas = {variant: [run["eta"] for run in runs(conf, r.id, 2)] for variant, r in results.items()}
+    assert etas["delayed"] == etas["plain"] and etas["plain"][0] is None and etas["plain"][1] is not None, etas
+    untracked(conf, results["delayed"].id)
+
+
+@pytest.mark.usefixtures("frozen_clock")  # both messages at one instant: one eta
+def test_an_eta_message_from_a_producer_without_the_extension_runs_with_its_eta(conf: Any) -> None:
+    """A message with an eta sent by Celery alone (another service, the deploy before the extension): in
+    all-tasks mode the worker parks it when it receives it, and the task still sees the eta it came with."""
+    alone = Celery("alone", broker=conf.app.conf.broker_url, set_as_current=False)
+    alone.conf.update(broker_transport_options={"global_keyprefix": conf.PREFIX}, task_default_queue="conf")
+    try:
+        sent = {v: alone.send_task(f"{v}.echo", (10,), countdown=3) for v in conf.VARIANTS}
+        if conf.ALL_TASKS:
+            wait_for(lambda: conf.rd.find(sent["delayed"].id), TIMEOUT, "the worker to park the eta message")
+        etas = {variant: runs(conf, r.id)[0]["eta"] for variant, r in sent.items()}
+    finally:
+        alone.close()
+    assert etas["delayed"] == etas["plain"] is not None
+    untracked(conf, sent["delayed"].id)
 
 
 def test_send_task_by_name_parks_a_delayed_task(conf: Any) -> None:
@@ -293,9 +342,29 @@ def test_link_and_link_error_are_called(conf: Any) -> None:
     ],
     ids=["chain", "group", "chord"],
 )
+@pytest.mark.usefixtures("frozen_clock")  # both canvases at one instant: the same etas
 def test_canvas_with_a_countdown(conf: Any, canvas: Callable[[Any, Any], Any], expected: Any) -> None:
     results = {v: canvas(conf.add[v], conf.total[v]).apply_async(countdown=1) for v in conf.VARIANTS}
     assert {v: r.get(timeout=TIMEOUT) for v, r in results.items()} == {"plain": expected, "delayed": expected}
+    # The tasks that waited for the countdown see its eta, the others none, as with Celery: the ones sent with it
+    # (from Celery 5.7, a chord's header too: Celery's test_group_or_task_countdown_delays_header) see the eta of
+    # the call, the same in both; Celery before 5.7 passes a chord's countdown to its body, whose eta a worker
+    # computes when the header is done.
+    etas = {v: etas_of(conf, r) for v, r in results.items()}
+    of_the_call = (conf.app.now() + timedelta(seconds=1)).isoformat()
+    assert [eta_form(eta) for eta in etas["delayed"]] == [eta_form(eta) for eta in etas["plain"]], etas
+    assert [eta == of_the_call for eta in etas["delayed"]] == [eta == of_the_call for eta in etas["plain"]], etas
+    assert any(etas["plain"]), etas
+
+
+def etas_of(conf: Any, result: Any) -> list[str | None]:
+    """The etas the tasks of a canvas saw: its result's, a group's members', then its parents' in turn."""
+    found = []
+    while result is not None:
+        for member in getattr(result, "results", None) or [result]:
+            found.append(runs(conf, member.id)[0]["eta"])
+        result = result.parent
+    return found
 
 
 # -- routing and message options ------------------------------------------------------------------

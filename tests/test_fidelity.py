@@ -24,6 +24,7 @@ from kombu import Exchange, Queue
 
 from celery_redisdelay import ConfigurationError, RedisDelay
 from celery_redisdelay.message.envelope import Envelope
+from celery_redisdelay.message.marks import ETA_HEADER
 from celery_redisdelay.message.stored import decode_stored
 from celery_redisdelay.message.wire import PREFIX
 from celery_redisdelay.operations import admin
@@ -104,6 +105,7 @@ def test_delayed_tasks_derive_from_the_apps_own_task_class(redis_server: Any) ->
 # -- send_task ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("frozen_clock")  # the same instant for Celery's call and ours: the same eta
 def test_send_task_by_name_parks_a_delayed_task_of_this_app(make_app: MakeApp, client: redis.Redis) -> None:
     app, rd = make_app()
     echo_on(rd)
@@ -117,13 +119,16 @@ def test_send_task_by_name_parks_a_delayed_task_of_this_app(make_app: MakeApp, c
     entry = rd.find("by-name")
     assert entry is not None and entry.state == "delayed" and entry.envelope is not None
     assert client.llen(queue) == 0, "nothing reached the broker"
-    # The message is the one Celery's own send_task builds (published at once here, for comparison).
-    rd.celery_send_task("tests.fidelity.echo", args=(1,), kwargs={"k": "v"}, task_id="by-celery")
+    # The message is the one Celery's own send_task builds (published at once here, for comparison), its
+    # eta kept for the running task in a private header: the worker does not hold it on its timer.
+    rd.celery_send_task("tests.fidelity.echo", args=(1,), kwargs={"k": "v"}, countdown=60, task_id="by-celery")
     celery_message = json.loads(client.rpop(queue))  # type: ignore[arg-type]
     ours = decode_stored(entry.envelope)
     assert ours.body == base64.b64decode(celery_message["body"])
     volatile = ("id", "root_id")
-    assert {k: v for k, v in ours.headers.items() if k not in volatile} == {
+    assert ours.headers["eta"] is None and ours.headers[ETA_HEADER] == celery_message["headers"]["eta"] is not None
+    ours_as_celery = {**{k: v for k, v in ours.headers.items() if k != ETA_HEADER}, "eta": ours.headers[ETA_HEADER]}
+    assert {k: v for k, v in ours_as_celery.items() if k not in volatile} == {
         k: v for k, v in celery_message["headers"].items() if k not in volatile
     }
     app.send_task("tests.fidelity.plain", args=(2,), countdown=60)  # not a delayed task: Celery's own

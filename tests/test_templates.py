@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery, signals
 from celery.utils.saferepr import saferepr
 from hypothesis import given, settings
@@ -21,6 +22,8 @@ from kombu.serialization import dumps, register_json, registry
 from kombu.utils import json as kombu_json
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.message.marks import ETA_HEADER
+from celery_redisdelay.message.stored import decode_stored
 from celery_redisdelay.producer.kept import TemplateCache
 from celery_redisdelay.producer.templates import CallTemplate, flat_saferepr
 from celery_redisdelay.store.shards import fresh_ids
@@ -112,6 +115,7 @@ OPTION_SETS: list[dict[str, Any]] = [
 ARGS: list[tuple[Any, ...]] = [(1, "it's"), ('a "quoted"\nline', None, 2.5), ([1, {"x": datetime(2030, 1, 1)}],)]
 
 
+@pytest.mark.usefixtures("frozen_clock")  # calls alike have the same eta
 @pytest.mark.parametrize("store", ["same database", "other database"])
 @pytest.mark.parametrize("options", OPTION_SETS, ids=[str(sorted(o)) or "none" for o in OPTION_SETS])
 def test_a_call_rendered_from_a_template_is_stored_as_celery_builds_it(
@@ -138,6 +142,7 @@ def test_a_call_rendered_from_a_template_is_stored_as_celery_builds_it(
         assert rd.find(rendered.id).meta == rd.find(built.id).meta  # type: ignore[union-attr]
 
 
+@pytest.mark.usefixtures("frozen_clock")  # calls alike have the same eta
 @pytest.mark.parametrize("first", [[1, 2], ((1, 2),), (1, 2)], ids=["a list", "a nested tuple", "a tuple"])
 def test_calls_with_list_or_nested_tuple_arguments_get_a_template_too(rd: RedisDelay, first: Any) -> None:
     @rd.delayed(name="tests.templates.lists")
@@ -155,6 +160,7 @@ def test_calls_with_list_or_nested_tuple_arguments_get_a_template_too(rd: RedisD
         assert stored(rd, rendered.id) == stored(rd, built.id)
 
 
+@pytest.mark.usefixtures("frozen_clock")  # calls alike have the same eta
 def test_a_json_serializer_registered_over_kombus_is_followed_by_kept_templates(rd: RedisDelay) -> None:
     """A kept template encodes a JSON body with kombu's encoder directly only while kombu's own JSON is
     the registered one: a serializer registered over it since is used as Celery would use it."""
@@ -191,6 +197,7 @@ def base64_body(rd: RedisDelay, call_id: str) -> bytes:
     return base64.b64decode(json.loads(entry.envelope)["body"])
 
 
+@pytest.mark.usefixtures("frozen_clock")  # calls alike have the same eta
 def test_a_kept_template_serves_only_calls_built_alike(rd: RedisDelay) -> None:
     """The options ``apply_async`` takes by name (link, link_error, shadow) count as the others do, and
     a call by name (``send_task``, whose message differs) does not borrow ``apply_async``'s template."""
@@ -215,6 +222,41 @@ def test_a_kept_template_serves_only_calls_built_alike(rd: RedisDelay) -> None:
         rd.templates = TemplateCache()  # an empty one: this call goes through Celery
         built = call(f"b-{uuid.uuid4()}").id
         assert stored(rd, after_plain) == stored(rd, built), name
+
+
+@pytest.mark.usefixtures("frozen_clock")  # the same instant for Celery's call and ours
+def test_a_kept_template_gives_each_call_the_eta_celery_writes(make_app: MakeApp, client: redis.Redis) -> None:
+    """A call's eta is computed at the call, as Celery computes it: a template keeps a slot for it, and the
+    stored message has it in its private header (the worker's ``request.eta``), not in ``eta``."""
+    app, rd = make_app()
+
+    @rd.delayed(name="tests.templates.timed")
+    def timed(x: int) -> None: ...
+
+    @app.task(name="tests.templates.plain_timed", shared=False)
+    def plain_timed(x: int) -> None: ...
+
+    for n in range(2):
+        timed.apply_async((n,), countdown=60)
+    assert len(rd.templates._made) == 1
+    cases: list[dict[str, Any]] = [
+        {"countdown": 90},
+        {"countdown": 0.25},
+        {"countdown": -5},
+        {"eta": datetime(2030, 1, 1, 12, tzinfo=UTC)},
+        {"eta": datetime(2030, 1, 1, 12)},
+        {"eta": "2030-01-01T12:00:00+02:00"},
+        {},
+    ]
+    for options in cases:
+        ours = timed.apply_async((1,), **options)
+        plain_timed.apply_async((1,), **options)
+        celerys = json.loads(client.rpop(app.conf.task_default_queue))["headers"]["eta"]  # type: ignore[arg-type]
+        entry = rd.find(ours.id)
+        assert entry is not None and entry.envelope is not None
+        headers = decode_stored(entry.envelope).headers
+        assert (headers["eta"], headers.get(ETA_HEADER)) == (None, celerys), options
+    assert len(rd.templates._made) == 1, "the calls with an eta were rendered from the template"
 
 
 def test_publish_signal_receivers_get_every_call_from_celery(rd: RedisDelay) -> None:

@@ -1,4 +1,5 @@
-"""The stored form of a parked call: the broker message Celery built, minus its eta.
+"""The stored form of a parked call: the broker message Celery built, minus its eta (kept for the running
+task in a private header, :data:`~celery_redisdelay.message.marks.ETA_HEADER`).
 
 Celery builds the message (headers, routing, serialized arguments) exactly as it would for the
 broker; we keep it as it is and publish it unchanged when the call is due. The envelope is JSON so

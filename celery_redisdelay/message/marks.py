@@ -3,8 +3,12 @@
 Every delivery the store makes says so: one pushed as the stored broker message (the release script, the
 pipeline) has the delivery tag ``<id>.<delivery>``, and one published through kombu or ``send_task`` carries
 the header :data:`PARKED_HEADER`; kombu's restore keeps both. A run of a call that has neither was never
-parked: the worker does not track it, and makes no Redis call for it. The header is taken out of the task's
-request before it runs (:func:`drop_mark`): the task sees what Celery would have given it.
+parked: the worker does not track it, and makes no Redis call for it.
+
+A parked call's message carries no ``eta`` (it is due when it reaches the worker, which must not hold it on
+its timer), but the eta Celery wrote in it, kept in :data:`ETA_HEADER`. Both headers are taken out of the
+task's request before it runs, and that eta put back as ``request.eta`` (:func:`drop_mark`): the task sees
+what Celery would have given it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import Any
 
 #: The header a delivery published through kombu carries (the stored message's own tag says it otherwise).
 PARKED_HEADER = "x-redisdelay-parked"
+#: The eta Celery wrote in a parked call's message (its ISO 8601 text), kept out of the ``eta`` header.
+ETA_HEADER = "x-redisdelay-eta"
+_MARKS = (PARKED_HEADER, ETA_HEADER)
 
 
 def delivered_from_store(call_id: str, delivery_tag: Any, headers: Mapping[str, Any] | None) -> bool:
@@ -61,9 +68,15 @@ def received_from_store(request: Any) -> bool:
 
 
 def drop_mark(request: Any) -> None:
-    """Take :data:`PARKED_HEADER` out of a running task's ``self.request``, so that the task sees the request
-    Celery would have given it (its custom headers, ``None`` when none is left)."""
+    """Take :data:`PARKED_HEADER` and :data:`ETA_HEADER` out of a running task's ``self.request``, so that the
+    task sees the request Celery would have given it: the call's eta as ``request.eta``, its custom headers
+    (``None`` when none is left)."""
     request.__dict__.pop(PARKED_HEADER, None)
     headers = getattr(request, "headers", None)
-    if isinstance(headers, dict) and PARKED_HEADER in headers:
-        request.headers = {name: value for name, value in headers.items() if name != PARKED_HEADER} or None
+    eta = request.__dict__.pop(ETA_HEADER, None)
+    if eta is None and isinstance(headers, dict):
+        eta = headers.get(ETA_HEADER)
+    if eta is not None:
+        request.eta = eta
+    if isinstance(headers, dict) and any(mark in headers for mark in _MARKS):
+        request.headers = {name: value for name, value in headers.items() if name not in _MARKS} or None

@@ -1,11 +1,12 @@
 """A task message as a worker received it, turned back into the envelope its producer's ``send_task`` built.
 
 A worker that parks an eta message it received (``redisdelay_park_received``) stores what a delayed task's
-``apply_async`` would have stored for the same call: the message minus its eta. Where the broker is a Redis
-this is exact: kombu's Redis transport keeps the message as it was pushed (``message._raw``), and
-:func:`~celery_redisdelay.message.wire.to_envelope` reads it as it reads a stored broker message. For
-another broker the envelope is made of the message's parts: its body, headers, the routing it came by and
-the properties a Celery producer sets.
+``apply_async`` would have stored for the same call: the message minus its eta, which moves to the private
+header the running task's ``request.eta`` is set from (:data:`~celery_redisdelay.message.marks.ETA_HEADER`).
+Where the broker is a Redis this is exact: kombu's Redis transport keeps the message as it was pushed
+(``message._raw``), and :func:`~celery_redisdelay.message.wire.to_envelope` reads it as it reads a stored broker
+message. For another broker the envelope is made of the message's parts: its body, headers, the routing it came
+by and the properties a Celery producer sets.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kombu.utils import json
 
 from . import wire
 from .envelope import Envelope, EnvelopeError
+from .marks import ETA_HEADER
 
 #: The AMQP properties Celery's ``send_task_message`` gives a task message (the rest belong to the transport).
 PUBLISHED_PROPERTIES = ("correlation_id", "reply_to", "priority")
@@ -53,5 +55,7 @@ def envelope_of(message: Any) -> Envelope:
 def _without_eta(envelope: Envelope) -> Envelope:
     if "eta" not in envelope.headers:
         raise EnvelopeError("the message has no eta header to take out")
-    envelope.headers["eta"] = None  # as Celery builds a message without a countdown or an eta
+    # As a delayed task's call is stored: Celery's eta kept for the running task, none for the worker's timer.
+    envelope.headers[ETA_HEADER] = envelope.headers["eta"]
+    envelope.headers["eta"] = None
     return envelope

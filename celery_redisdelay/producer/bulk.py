@@ -4,8 +4,8 @@ Celery builds the first call's message as usual (routing, headers, options); the
 from it by a :class:`~celery_redisdelay.producer.templates.CallTemplate`, each with its own id, arguments and
 argument repr, without going through Celery's ``send_task`` again, and a thousand calls go to Redis in
 one script call. What is stored for each call is what ``apply_async`` would have stored, except that
-Celery's ``before/after_task_publish`` signals are sent for the first call only, and an ``expires``
-instant is computed once for all of them.
+Celery's ``before/after_task_publish`` signals are sent for the first call only, and the ``expires``
+and ``eta`` instants of a countdown are computed once for all of them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from celery.result import AsyncResult
 
 from ..errors import PayloadError
 from ..message.envelope import Envelope
+from ..message.marks import ETA_HEADER
 from ..store.calls import CallStore, due_args
 from ..store.meta import Limits, meta_json, routed
 from .templates import CallTemplate
@@ -76,7 +77,7 @@ def park_many(
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
     fitting = {len(every[0])}  # the first call went through Celery's apply_async, which checked it
     kwargsrepr, body_rest = template.kwargsrepr(kwargs or {}), template.body_rest(kwargs or {})
-    reply_to = envelope.properties.get("reply_to")
+    reply_to, eta = envelope.properties.get("reply_to"), envelope.headers.get(ETA_HEADER)
     flat: list[Any] = [ids[0], first]
     for index, args in enumerate(every[1:], start=1):
         if check_arguments is not None and len(args) not in fitting:
@@ -88,7 +89,7 @@ def park_many(
             task.lock_name(args, kwargs or {})  # a lock its arguments cannot name is refused, as by apply_async
         call_id = ids[index]
         try:
-            stored = template.render(call_id, args, kwargs or {}, reply_to, kwargsrepr, body_rest)
+            stored = template.render(call_id, args, kwargs or {}, reply_to, kwargsrepr, body_rest, eta)
         except PayloadError as exc:
             raise PayloadError(f"call {index} of park_many: {exc}; none of the calls was parked") from exc
         depot.check_size(envelope.task, len(stored))

@@ -43,9 +43,10 @@ class TemplateKey(NamedTuple):
     via: str
     options: tuple[tuple[str, Any], ...]
     limits: tuple[tuple[str, Any], ...]
+    eta: bool = False  # whether the calls have an eta (from a countdown or an eta): a slot of the template
 
 
-def template_key(task: Any, via: str, options: dict[str, Any], limits: Limits) -> TemplateKey | None:
+def template_key(task: Any, via: str, options: dict[str, Any], limits: Limits, eta: bool = False) -> TemplateKey | None:
     """The key under which a single call's template is kept, or None when Celery must build this call.
     ``via`` names the call that builds the message (``apply_async`` and ``send_task`` build different
     ones) and ``options`` holds every option of the call, ``shadow`` and ``link`` among them. None
@@ -74,7 +75,7 @@ def template_key(task: Any, via: str, options: dict[str, Any], limits: Limits) -
         elif not isinstance(value, _SCALARS):
             return None
         fixed.append((name, value))
-    return TemplateKey(task.name, via, tuple(sorted(fixed)), tuple(sorted(limits.items())))
+    return TemplateKey(task.name, via, tuple(sorted(fixed)), tuple(sorted(limits.items())), eta)
 
 
 @functools.lru_cache(maxsize=64)

@@ -14,12 +14,13 @@ from kombu.exceptions import OperationalError
 
 from ..errors import RedisDelayError, ScheduleError, StoreUnavailableError
 from ..message.envelope import Envelope
+from ..message.marks import ETA_HEADER
 from ..store.calls import CONFLICT
 from ..store.limits import Gate
 from ..store.meta import CallMeta, Limits, meta_json, routed
 from .kept import Kept, TemplateKey, template_key
 from .parking_producer import ParkingProducer
-from .schedule import Due, resolve_due
+from .schedule import Due, celery_eta, resolve_due
 from .templates import CallTemplate
 
 # A debounced park that keeps losing the race for its key (each loss means another producer parked
@@ -44,9 +45,11 @@ def parking_producer(
     capture: list[tuple[Envelope, Due, Limits]] | None = None,
     learn: TemplateKey | None = None,
     given: tuple[Any, Any] | None = None,
+    eta: str | None = None,
     gate: Gate | None = None,
 ) -> Iterator[ParkingProducer]:
-    """A producer for Celery's ``send_task`` that parks the message under ``task_id``.
+    """A producer for Celery's ``send_task`` that parks the message under ``task_id``, with the ``eta`` Celery
+    would have written in it in :data:`~celery_redisdelay.message.marks.ETA_HEADER` (its ``eta`` stays None).
 
     ``mode`` ``unique`` or ``debounce`` parks it under ``key`` (see :meth:`CallStore.park_keyed`);
     the producer's ``outcome`` then tells what the store did. With ``learn``, a template of the call
@@ -56,6 +59,8 @@ def parking_producer(
     """
 
     def park(envelope: Envelope) -> tuple[int, str]:
+        if eta is not None:
+            envelope.headers[ETA_HEADER] = eta  # the envelope's own copy of Celery's headers
         if capture is not None:
             capture.append((envelope, due, meta))
             return 1, task_id
@@ -95,6 +100,7 @@ def park_from(
     mode: str,
     key: str,
     ignore_result: bool,
+    eta: str | None = None,
     gate: Gate | None = None,
 ) -> tuple[int, str]:
     """Park a call rendered from a kept template, without Celery: (status, id), as the parking
@@ -108,7 +114,7 @@ def park_from(
         raise TypeError("task keyword arguments must be a mapping")
     if task.typing:
         task.__header__(*args, **kwargs)
-    stored = kept.template.render(call_id, args, kwargs)
+    stored = kept.template.render(call_id, args, kwargs, eta=eta)
     depot.check_size(kept.template.task, len(stored))
     if not ignore_result:
         task._get_app().backend.on_task_call(None, call_id)
@@ -142,29 +148,37 @@ def park_call(
     app = task._get_app()
     for name, value in rules.routing_options.items():
         options.setdefault(name, value)
-    eta = options.pop("eta", None)
+    eta, countdown = options.pop("eta", None), options.pop("countdown", None)
     due = resolve_due(
-        options.pop("countdown", None),
+        countdown,
         eta,
         default_countdown=rules.default_countdown,
         timezone=app.conf.timezone if eta is not None else None,  # only an eta needs it
+    )
+    # The eta Celery would write in the message (its as_task_v2 takes ``now`` and ``timezone`` options too).
+    now = options.get("now")
+    eta_text = celery_eta(
+        rules.default_countdown if countdown is None and eta is None else countdown,
+        eta,
+        (lambda: now) if now else app.now,
+        options.get("timezone") or app.timezone,
     )
 
     depot, templates = rules.depot, rules.templates
     # Calls like one Celery built before are rendered from its template (templates.py).
     via, named = built_by
-    kept_key = template_key(task, via, {**options, **named}, limits) if capture is None else None
+    kept_key = template_key(task, via, {**options, **named}, limits, eta_text is not None) if capture is None else None
 
     made: dict[str, AsyncResult] = {}  # Celery's results of the calls it built, by id
 
     def send(call_id: str) -> tuple[int, str]:
         kept = templates.get(kept_key)
         if kept is not None:
-            return park_from(depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result, gate=gate)
+            return park_from(depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result, eta_text, gate)
         learn = kept_key if templates.wanted(kept_key) else None
         given = (args, kwargs) if learn is not None else None
         with parking_producer(
-            depot, templates, call_id, due, limits, mode, key, capture, learn, given, gate=gate
+            depot, templates, call_id, due, limits, mode, key, capture, learn, given, eta_text, gate
         ) as parking:
             try:
                 built = build(call_id, parking, dict(options))

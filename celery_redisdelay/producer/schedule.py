@@ -3,15 +3,18 @@
 A countdown is measured by the Redis server's clock (inside the park script), so producers whose
 clocks disagree still agree on when a call is due; a negative one means now, like an eta in the past.
 An eta is an absolute instant: an aware datetime is used as given, a naive one is read the way a
-Celery worker reads it (``maybe_make_aware`` with the app's ``timezone``).
+Celery worker reads it (``maybe_make_aware`` with the app's ``timezone``). :func:`celery_eta` is the eta
+Celery would have written in the call's message, which the running task sees as ``self.request.eta``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import datetime, timedelta, tzinfo
 
+from celery.utils import time as celery_time
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 
 from ..errors import ScheduleError
@@ -65,6 +68,31 @@ def resolve_due(
         # A computed delay that went slightly negative: due now, as Celery treats it (and a past eta).
         countdown = 0
     return Due(countdown_ms=round(seconds(countdown, "countdown") * 1000))
+
+
+def _add_seconds(moment: datetime, seconds: float) -> datetime:
+    """``moment`` plus ``seconds`` as Celery adds a countdown: by its own helper where it has one (Celery 5.7
+    adds across a DST change in UTC), else with a timedelta, as Celery did before."""
+    add: Callable[[datetime, float], datetime] | None = getattr(celery_time, "add_seconds_to_datetime", None)
+    return add(moment, seconds) if add is not None else moment + timedelta(seconds=seconds)
+
+
+def celery_eta(
+    countdown: object,
+    eta: object,
+    now: Callable[[], datetime],
+    timezone: tzinfo | None,
+) -> str | None:
+    """The ``eta`` header Celery's ``as_task_v2`` writes for a call with these options (checked already by
+    :func:`resolve_due`): a countdown other than 0 added to ``now()`` (the app's clock, as Celery reads it
+    at the call) and made aware in ``timezone``; an eta datetime as given, in ISO 8601; an eta string
+    unchanged; None for neither."""
+    if countdown:
+        moment: datetime = maybe_make_aware(_add_seconds(now(), float(countdown)), tz=timezone)  # type: ignore[arg-type]
+        return moment.isoformat()
+    if isinstance(eta, str):
+        return eta
+    return eta.isoformat() if isinstance(eta, datetime) else None
 
 
 def lock_ms(value: object, name: str) -> int:

@@ -3,7 +3,8 @@
 Celery builds the message of a call (routing, headers, options) in ``send_task``. Another call of the
 same task with the same options differs from it in its id (``id``, the ``root_id`` and
 ``correlation_id`` that repeat it, the delivery tag), its arguments (the body, ``argsrepr``,
-``kwargsrepr``) and the caller's reply queue (``reply_to``, one per thread), and in nothing else. A
+``kwargsrepr``), the caller's reply queue (``reply_to``, one per thread) and the eta Celery computes at
+the call (kept in the private header ``ETA_HEADER``), and in nothing else. A
 template renders such calls without Celery: the stored text is cut once around those values, and a
 call is the pieces joined with its own values, each JSON-encoded as kombu's JSON encodes a string.
 No message is JSON-dumped per call.
@@ -29,6 +30,7 @@ from kombu.utils import json as kombu_json
 
 from ..errors import PayloadError
 from ..message.envelope import Envelope
+from ..message.marks import ETA_HEADER
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -36,8 +38,9 @@ if TYPE_CHECKING:
     from ..message import wire
 
 #: What a template fills in per call; ``id`` also stands for a ``root_id`` or ``correlation_id`` equal
-#: to it (a call made outside a task is its own root); ``tag`` is a broker message's first delivery tag.
-SLOTS = ("id", "tag", "argsrepr", "kwargsrepr", "reply_to", "body")
+#: to it (a call made outside a task is its own root); ``tag`` is a broker message's first delivery tag;
+#: ``eta`` the value of :data:`~celery_redisdelay.message.marks.ETA_HEADER` (calls with an eta have it).
+SLOTS = ("id", "tag", "argsrepr", "kwargsrepr", "reply_to", "eta", "body")
 
 
 #: kombu's JSON encoder, made once: ``kombu.utils.json.dumps(value)`` is ``json.dumps(value, cls=JSONEncoder)``,
@@ -96,6 +99,9 @@ class CallTemplate:
         for name, computed in zip(("argsrepr", "kwargsrepr"), self.repr_slots, strict=True):
             if computed:
                 headers[name] = _mark(name)
+        self.eta_slot = isinstance(headers.get(ETA_HEADER), str)
+        if self.eta_slot:
+            headers[ETA_HEADER] = _mark("eta")
         if fast is not None:
             text = fast.text(headers, properties, _mark("body"), _mark("tag"))
         else:
@@ -154,9 +160,10 @@ class CallTemplate:
         template = cls(app, envelope, fast, serializer, embed, fixed_reprs)
         reply_to = envelope.properties.get("reply_to")
         args, kwargs = (given[0] or (), given[1] or {}) if given is not None else (tuple(args), kwargs)
+        eta = headers.get(ETA_HEADER)
         try:
-            again = template.render(call_id, args, kwargs, reply_to)
-            joined = template.render(call_id, args, kwargs, reply_to, body_rest=template.body_rest(kwargs))
+            again = template.render(call_id, args, kwargs, reply_to, eta=eta)
+            joined = template.render(call_id, args, kwargs, reply_to, body_rest=template.body_rest(kwargs), eta=eta)
         except PayloadError:
             return None
         return template if again == joined == stored else None
@@ -211,9 +218,11 @@ class CallTemplate:
         reply_to: str | None = None,
         kwargsrepr: str | None = None,
         body_rest: str | None = None,
+        eta: str | None = None,
     ) -> bytes:
-        """The stored form of the call ``call_id`` with ``args`` and ``kwargs``; ``kwargsrepr`` and
-        ``body_rest`` when the caller has them already (``park_many`` shares one kwargs among its calls)."""
+        """The stored form of the call ``call_id`` with ``args`` and ``kwargs``, and ``eta`` where the template
+        has that slot; ``kwargsrepr`` and ``body_rest`` when the caller has them already (``park_many`` shares
+        one kwargs among its calls)."""
         data = self.body(args, kwargs, body_rest)
         if self.fast is not None:
             body = base64.b64encode(data).decode()
@@ -237,6 +246,10 @@ class CallTemplate:
             )
         if self.reply_to_slot:
             values["reply_to"] = encode_basestring_ascii(reply_to or str(self.app.thread_oid))
+        if self.eta_slot:
+            if eta is None:
+                raise PayloadError(f"a call of {self.task} rendered without the eta its template has a slot for")
+            values["eta"] = encode_basestring_ascii(eta)
         pieces = self.pieces
         out = [pieces[0]]
         for index, slot in enumerate(self.order, start=1):
