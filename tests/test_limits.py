@@ -392,3 +392,23 @@ def test_a_slot_whose_holder_left_flight_unseen_is_found_when_slots_are_counted(
     client.zrem(rd.keys.inflight, holder)
     wait_for(lambda: release(rd) and client.llen(queue) == 2, 5, "the waiting call to go once the slot is found free")
     assert client.zlexcount(rd.keys.slots, "-", "+") == 1  # the stale holder is gone, the new one holds it
+
+
+def test_a_limited_call_with_damaged_metadata_does_not_stop_the_release(rd: RedisDelay, client: Any) -> None:
+    @rd.delayed(name="limits.damaged", limit_concurrency=1)
+    def task(n: int) -> None: ...
+
+    @rd.delayed(name="limits.neighbour")
+    def neighbour() -> None: ...
+
+    calls = [task.delay(n) for n in range(3)]
+    other = neighbour.delay()
+    # Damage the start of the calls' metadata, keeping the end the release reads their gate from.
+    for call in calls:
+        raw = client.hget(rd.keys.meta, call.id).decode()
+        client.hset(rd.keys.meta, call.id, "{{not json" + raw[raw.index(',"lg":') :])
+    queue = rd.app.conf.task_default_queue
+    claimed = release(rd).claimed  # the one its limit lets go: its broker list is lost with the metadata
+    assert [json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)] == [other.id]
+    assert len(claimed) == 1 and claimed[0].id in {call.id for call in calls}
+    assert rd.stats()["limited"] == 2  # the two others wait in their gate

@@ -263,7 +263,10 @@ for i, id in ipairs(ids) do
             end
             if not admitted then
                 local due = tonumber(dues[i])
-                local waiting = cjson.decode(raw)
+                local ok, waiting = pcall(cjson.decode, raw)
+                if not ok or type(waiting) ~= 'table' then
+                    waiting = {lg = gate}  -- damaged metadata must not stop the release; the gate is known
+                end
                 waiting.s, waiting.lw = 'limited', due
                 save_meta(id, waiting)
                 redis.call('ZADD', GATED, 0, gated_member(gate, due, id))
