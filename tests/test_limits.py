@@ -412,3 +412,20 @@ def test_a_limited_call_with_damaged_metadata_does_not_stop_the_release(rd: Redi
     assert [json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)] == [other.id]
     assert len(claimed) == 1 and claimed[0].id in {call.id for call in calls}
     assert rd.stats()["limited"] == 2  # the two others wait in their gate
+
+
+def test_a_gate_entry_that_names_no_call_is_dropped_and_the_gate_goes_on(rd: RedisDelay, client: Any) -> None:
+    @rd.delayed(name="limits.tampered", limit_concurrency=1)
+    def task(n: int) -> None: ...
+
+    calls = [task.delay(n) for n in range(2)]
+    queue = rd.app.conf.task_default_queue
+    release(rd)
+    assert client.llen(queue) == 1 and rd.stats()["limited"] == 1
+    gate = b"task:limits.tampered\t"
+    client.zadd(rd.keys.gated, {gate + b"\0\0not a call": 0})  # sorts first in the gate
+    rd.depot.shards.stores[0].ack(json.loads(client.lindex(queue, 0))["headers"]["id"])  # the slot frees
+    release(rd)
+    assert client.llen(queue) == 2
+    assert {json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)} == {call.id for call in calls}
+    assert client.zcard(rd.keys.gated) == 0

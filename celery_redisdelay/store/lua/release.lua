@@ -297,22 +297,30 @@ if room > 0 then
                 close_gate(gate)
                 break
             end
-            local due_text, id = string.match(string.sub(first, #gate + 2), '^(%d+)%z(.*)$')
-            local admitted, again = admit(gate, id, now)
-            if not admitted then
+            local due_text, id = string.match(string.sub(first, #gate + 2), '^(%d+)%z(.+)$')
+            local admitted, again = false, nil
+            if id then
+                admitted, again = admit(gate, id, now)
+            else
+                redis.call('ZREM', GATED, first)  -- not written by this script: it names no call
+                room = room - 1  -- looked at, so the step stays bounded
+            end
+            if not admitted and again then
                 redis.call('ZADD', GATES, again, gate)
                 break
             end
-            redis.call('ZREM', GATED, first)
-            ids[#ids + 1] = id
-            dues[#dues + 1] = due_text
-            payloads[#ids] = redis.call('HGET', PAYLOADS, id)
-            local meta = load_meta(id)
-            meta.s, meta.lw = 'delayed', nil
-            raw_metas[#ids] = cjson.encode(meta)
-            released_rows[#released_rows + 1] = id
-            released_rows[#released_rows + 1] = tonumber(due_text)
-            room = room - 1
+            if admitted then
+                redis.call('ZREM', GATED, first)
+                ids[#ids + 1] = id
+                dues[#dues + 1] = due_text
+                payloads[#ids] = redis.call('HGET', PAYLOADS, id)
+                local meta = load_meta(id)
+                meta.s, meta.lw = 'delayed', nil
+                raw_metas[#ids] = cjson.encode(meta)
+                released_rows[#released_rows + 1] = id
+                released_rows[#released_rows + 1] = tonumber(due_text)
+                room = room - 1
+            end
         end
         if room == 0 then
             break
