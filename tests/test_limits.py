@@ -429,3 +429,14 @@ def test_a_gate_entry_that_names_no_call_is_dropped_and_the_gate_goes_on(rd: Red
     assert client.llen(queue) == 2
     assert {json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)} == {call.id for call in calls}
     assert client.zcard(rd.keys.gated) == 0
+
+
+def test_a_damaged_limit_holds_nothing_back_and_fails_no_script(rd: RedisDelay, client: Any) -> None:
+    @rd.delayed(name="limits.damaged_spec", limit_concurrency=1)
+    def task(n: int) -> None: ...
+
+    calls = [task.delay(n) for n in range(3)]
+    client.hset(rd.keys.limits, "set:task:limits.damaged_spec", '{"r": [["x", 1], [5]], "c": "many"}')
+    queue = rd.app.conf.task_default_queue
+    release(rd)
+    assert {json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)} == {call.id for call in calls}

@@ -186,16 +186,26 @@ local limit_specs, gate_limits_seen = {}, {}
 local slots_taken_now = {}  -- calls given a slot by this script: in flight once it ends
 
 -- A limit as set ('set:') or declared ('code:'): {r = {{calls, per ms}, ...}, c = most in flight}; false
--- for none (a limit nobody declares any more holds nothing back).
+-- for none (a limit nobody declares any more holds nothing back). Only positive numbers are taken from it:
+-- a damaged part holds nothing back, and no script fails on it; a setting that is not JSON leaves the code's.
 local function limit_spec(name)
     local spec = limit_specs[name]
     if spec == nil then
         spec = false
-        local raw = redis.call('HGET', LIMITS, 'set:' .. name) or redis.call('HGET', LIMITS, 'code:' .. name)
-        if raw then
-            local ok, decoded = pcall(cjson.decode, raw)
-            if ok and type(decoded) == 'table' then
-                spec = decoded
+        local ok, decoded = pcall(cjson.decode, redis.call('HGET', LIMITS, 'set:' .. name) or '')
+        if not ok or type(decoded) ~= 'table' then  -- none set (or not JSON): the code's
+            ok, decoded = pcall(cjson.decode, redis.call('HGET', LIMITS, 'code:' .. name) or '')
+        end
+        if ok and type(decoded) == 'table' then
+            spec = {r = {}, c = tonumber(decoded.c)}
+            if spec.c and spec.c < 1 then
+                spec.c = nil
+            end
+            for _, rate in ipairs(type(decoded.r) == 'table' and decoded.r or {}) do
+                local calls, per = type(rate) == 'table' and tonumber(rate[1]), type(rate) == 'table' and tonumber(rate[2])
+                if calls and per and calls > 0 and per > 0 then
+                    spec.r[#spec.r + 1] = {calls, per}
+                end
             end
         end
         limit_specs[name] = spec
