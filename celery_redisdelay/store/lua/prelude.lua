@@ -213,14 +213,33 @@ local function limit_spec(name)
     return spec
 end
 
--- A gate's limits: {{instance, spec, limit name}, ...}.
+-- A limit instance as the scripts use it: its name, its limit's name, its paces ({member, interval ms} per
+-- rate), its concurrency (most) and the prefix of its slot holders. Worked out once per script.
+local instances_seen = {}
+local function limit_instance(instance)
+    local found = instances_seen[instance]
+    if not found then
+        local name = string.match(instance, '^[^\t]*')
+        local spec = limit_spec(name)
+        found = {instance = instance, name = name, paces = {}, slot = instance .. NUL}
+        if spec then
+            for number, rate in ipairs(spec.r) do
+                found.paces[number] = {instance .. NUL .. number, rate[2] / rate[1]}
+            end
+            found.most = spec.c
+        end
+        instances_seen[instance] = found
+    end
+    return found
+end
+
+-- A gate's limit instances (see limit_instance).
 local function gate_limits(gate)
     local found = gate_limits_seen[gate]
     if not found then
         found = {}
         for instance in string.gmatch(gate, '[^\n]+') do
-            local name = string.match(instance, '^[^\t]*')
-            found[#found + 1] = {instance, limit_spec(name), name}
+            found[#found + 1] = limit_instance(instance)
         end
         gate_limits_seen[gate] = found
     end
@@ -265,8 +284,8 @@ local function free_slots(id, meta)
     end
     local woken = false
     for _, limit in ipairs(gate_limits(meta.lg)) do
-        local instance = limit[1]
-        if redis.call('ZREM', SLOTS, instance .. NUL .. id) == 1 then
+        local instance = limit.instance
+        if redis.call('ZREM', SLOTS, limit.slot .. id) == 1 then
             local low, high = lex_range(instance)
             for _, member in ipairs(redis.call('ZRANGEBYLEX', WAITS, low, high, 'LIMIT', 0, WAKE_GATES)) do
                 redis.call('ZREM', WAITS, member)

@@ -135,26 +135,22 @@ local function admit(gate, id, now)
     local limits = gate_limits(gate)
     local again = nil
     for _, limit in ipairs(limits) do
-        local instance, spec = limit[1], limit[2]
-        if spec then
-            for number, rate in ipairs(type(spec.r) == 'table' and spec.r or {}) do
-                local early = tonumber(rate[2]) / tonumber(rate[1]) / 4
-                local arrival = pace_of(instance .. NUL .. number)
-                if arrival and arrival - early > now then
-                    again = math.max(again or 0, arrival - early)
-                end
+        for _, pace in ipairs(limit.paces) do
+            local arrival, early = pace_of(pace[1]), pace[2] / 4
+            if arrival and arrival - early > now then
+                again = math.max(again or 0, arrival - early)
             end
-            local most = tonumber(spec.c)
-            if most then
-                local held = slots_counted[instance]
-                if held == nil then
-                    held = slots_taken(instance, most)
-                    slots_counted[instance] = held
-                end
-                if held >= most then
-                    redis.call('ZADD', WAITS, 0, instance .. NUL .. gate)
-                    again = math.max(again or 0, now + LIMIT_RECHECK)
-                end
+        end
+        local most = limit.most
+        if most then
+            local held = slots_counted[limit.instance]
+            if held == nil then
+                held = slots_taken(limit.instance, most)
+                slots_counted[limit.instance] = held
+            end
+            if held >= most then
+                redis.call('ZADD', WAITS, 0, limit.slot .. gate)
+                again = math.max(again or 0, now + LIMIT_RECHECK)
             end
         end
     end
@@ -162,20 +158,17 @@ local function admit(gate, id, now)
         return false, math.ceil(again)
     end
     for _, limit in ipairs(limits) do
-        local instance, spec = limit[1], limit[2]
-        let_out[limit[3]] = (let_out[limit[3]] or 0) + 1
-        if spec then
-            for number, rate in ipairs(type(spec.r) == 'table' and spec.r or {}) do
-                local member = instance .. NUL .. number
-                paces_seen[member] = math.max(pace_of(member) or now, now) + tonumber(rate[2]) / tonumber(rate[1])
-                paces_moved[member] = true
-            end
-            if tonumber(spec.c) then
-                slots_counted[instance] = slots_counted[instance] + 1
-                slots_added[#slots_added + 1] = 0
-                slots_added[#slots_added + 1] = instance .. NUL .. id
-                slots_taken_now[id] = true
-            end
+        let_out[limit.name] = (let_out[limit.name] or 0) + 1
+        for _, pace in ipairs(limit.paces) do
+            local member = pace[1]
+            paces_seen[member] = math.max(pace_of(member) or now, now) + pace[2]
+            paces_moved[member] = true
+        end
+        if limit.most then
+            slots_counted[limit.instance] = slots_counted[limit.instance] + 1
+            slots_added[#slots_added + 1] = 0
+            slots_added[#slots_added + 1] = limit.slot .. id
+            slots_taken_now[id] = true
         end
     end
     return true
@@ -221,7 +214,7 @@ end
 local function close_gate(gate)
     redis.call('ZREM', GATES, gate)
     for _, limit in ipairs(gate_limits(gate)) do
-        redis.call('ZREM', WAITS, limit[1] .. NUL .. gate)
+        redis.call('ZREM', WAITS, limit.slot .. gate)
     end
 end
 
