@@ -59,7 +59,8 @@ def promtool() -> str:
 
 @pytest.fixture(scope="module")
 def scrape(redis_server: Any) -> list[Sample]:
-    """What a real exporter serves for a store that parked, released, acknowledged and holds calls."""
+    """What a real exporter serves for a store that parked, released, acknowledged and holds calls, one of them
+    under a limit."""
     app = Celery("monitoring", broker=f"{redis_server.url}/0", set_as_current=False)
     app.conf.update(redisdelay_key_prefix=f"test-{uuid.uuid4().hex[:8]}", task_default_queue=uuid.uuid4().hex)
     rd = RedisDelay(app)
@@ -68,7 +69,10 @@ def scrape(redis_server: Any) -> list[Sample]:
     def echo(n: int) -> int:
         return n
 
-    released = [echo.apply_async((n,), countdown=0.001).id for n in range(5)]
+    @rd.delayed(name="tests.monitoring.limited", limit_concurrency=2)
+    def limited() -> None: ...
+
+    released = [echo.apply_async((n,), countdown=0.001).id for n in range(4)] + [limited.delay().id]
     for n in range(3):
         echo.apply_async((n,), countdown=3600)
     client = redis.Redis.from_url(f"{redis_server.url}/0")
