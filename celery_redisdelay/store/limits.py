@@ -187,4 +187,4 @@ class TaskLimits:
 
 def limit_names(gate: str) -> Sequence[tuple[str, str]]:
     """The (limit name, key) of each instance of a gate."""
-    return [tuple(line.split("\t", 1)) for line in gate.split("\n") if line]  # type: ignore[misc]
+    return [(name, key) for name, _, key in (line.partition("\t") for line in gate.split("\n") if line)]
