@@ -293,7 +293,7 @@ def test_the_history_charts_follow_what_happens_without_a_reload(
     history = page.locator("#history")
     expect(history.locator("h2")).to_have_text("What happened: last hour, per minute")
     expect(history.locator("svg.chart")).to_have_count(3)
-    expect(history.locator("polyline.line")).to_have_count(8)
+    expect(history.locator("polyline.line")).to_have_count(9)  # 4 flow lines, 3 trouble lines, p50 and p99
     legend = history.locator('[data-summary="parked"]').first
     parked = read_history(rd.depot, 60).totals()["parked"]
     assert parked >= planted + 50 - 100, "the planted hour (less a minute, if one rolled over), and this minute's calls"
