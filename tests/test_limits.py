@@ -158,6 +158,7 @@ def most_in_a_window(starts: list[float], window_ms: float) -> int:
     return most
 
 
+@pytest.mark.e2e
 def test_a_rate_holds_for_the_fleet(limited: PoolRun) -> None:
     key, count = f"rated-{uuid.uuid4().hex[:6]}", 160
     task = limited.task("limits.rated")
@@ -171,6 +172,7 @@ def test_a_rate_holds_for_the_fleet(limited: PoolRun) -> None:
     wait_for(limited.settled, 10, "every call to be acknowledged")
 
 
+@pytest.mark.e2e
 def test_a_concurrency_holds_for_the_fleet(limited: PoolRun) -> None:
     key, count = f"concurrent-{uuid.uuid4().hex[:6]}", 24
     task = limited.task("limits.concurrent")
@@ -181,6 +183,7 @@ def test_a_concurrency_holds_for_the_fleet(limited: PoolRun) -> None:
     wait_for(limited.settled, 10, "every call to be acknowledged")
 
 
+@pytest.mark.e2e
 def test_per_key_every_key_is_served_in_due_order(limited: PoolRun) -> None:
     key, tenants, each = f"keyed-{uuid.uuid4().hex[:6]}", 200, 3
     task = limited.task("limits.keyed")
@@ -204,6 +207,7 @@ def test_per_key_every_key_is_served_in_due_order(limited: PoolRun) -> None:
     wait_for(limited.settled, 10, "every call to be acknowledged")
 
 
+@pytest.mark.e2e
 def test_a_quota_holds_across_the_tasks_that_share_it(limited: PoolRun) -> None:
     key, count = f"quota-{uuid.uuid4().hex[:6]}", 12
     a, b = limited.task("limits.quota_a"), limited.task("limits.quota_b")
@@ -214,6 +218,7 @@ def test_a_quota_holds_across_the_tasks_that_share_it(limited: PoolRun) -> None:
     wait_for(limited.settled, 10, "every call to be acknowledged")
 
 
+@pytest.mark.e2e
 def test_a_killed_workers_slots_come_back_and_nothing_is_lost(limited: PoolRun) -> None:
     key, count = f"killed-{uuid.uuid4().hex[:6]}", 8
     task = limited.task("limits.concurrent")
