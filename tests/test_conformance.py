@@ -23,6 +23,7 @@ import pytest
 from celery import Celery, chain, chord, group
 from celery.exceptions import TaskRevokedError, TimeLimitExceeded
 from celery.result import AsyncResult
+from kombu import Producer
 
 from celery_redisdelay.testing import beat, wait_for, worker
 
@@ -278,6 +279,116 @@ def test_cancel_records_the_call_revoked_as_a_revoke_does(conf: Any) -> None:
         sent = {name: events.wait("task-revoked", r.id) for name, r in (("plain", plain), ("delayed", delayed))}
         assert {k: sent["delayed"][k] for k in fields} == {**{k: sent["plain"][k] for k in fields}, "uuid": delayed.id}
     assert ran(conf, delayed.id) == 0
+
+
+# -- the task-sent event ------------------------------------------------------------------------
+
+#: Fields of two task-sent events that differ by nature: the call's id, when and from where in the sequence.
+SENT_VOLATILE = ("uuid", "root_id", "name", "timestamp", "clock", "local_received")
+
+
+class RecordingProducer(Producer):  # type: ignore[misc]  # kombu's Producer is untyped
+    """The caller's producer: records what goes through it, and fails each publish of ``failing`` routing keys
+    (a broker gone while the event is sent) at the channel, under kombu's retries, as Celery's own test does."""
+
+    def __init__(self, connection: Any, failing: tuple[str, ...] = ()) -> None:
+        super().__init__(connection)
+        self.published: list[tuple[str, dict[str, Any]]] = []  # (routing key, retry policy)
+        self.failed: list[str] = []
+        channel_publish = self.channel.basic_publish
+
+        def basic_publish(*args: Any, **kwargs: Any) -> Any:
+            if kwargs["routing_key"] in failing:
+                self.failed.append(kwargs["routing_key"])
+                raise OSError("broker connection lost")
+            return channel_publish(*args, **kwargs)
+
+        self.channel.basic_publish = basic_publish
+
+    def publish(self, body: Any, routing_key: str | None = None, **kwargs: Any) -> Any:
+        self.published.append((routing_key or "", kwargs.get("retry_policy") or {}))
+        return super().publish(body, routing_key=routing_key, **kwargs)
+
+
+def sent_alike(events: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Assert the two variants' task-sent events are alike; return the plain one's fields that compare."""
+    plain, delayed = (
+        {k: v for k, v in events[variant].items() if k not in SENT_VOLATILE} for variant in ("plain", "delayed")
+    )
+    assert delayed == plain
+    assert {variant: e["name"] for variant, e in events.items()} == {v: f"{v}.echo" for v in events}
+    return plain
+
+
+@pytest.mark.usefixtures("frozen_clock")  # both calls at one instant: one eta
+@pytest.mark.parametrize("via", ["apply_async", "send_task"])
+def test_the_task_sent_event_goes_through_the_callers_producer(
+    conf: Any, monkeypatch: pytest.MonkeyPatch, via: str
+) -> None:
+    """With ``task_send_sent_event`` a parked call's task-sent event is Celery's: published through the producer
+    the caller gave, with the caller's ``retry_policy`` over ``task_publish_retry_policy``, as the monitor sees it."""
+    monkeypatch.setitem(conf.app.conf, "task_send_sent_event", True)
+    policy = {"max_retries": 1, "interval_max": 0.5}
+    producers, results = {}, {}
+    with Events(conf.app) as events, conf.app.connection_for_write() as connection:
+        for variant in conf.VARIANTS:
+            producers[variant] = producer = RecordingProducer(connection)
+            options = {"countdown": 1, "producer": producer, "retry_policy": policy}
+            if via == "send_task":
+                results[variant] = conf.app.send_task(f"{variant}.echo", (6,), **options)
+            else:
+                results[variant] = conf.echo[variant].apply_async((6,), **options)
+        sent = {variant: events.wait("task-sent", r.id) for variant, r in results.items()}
+    fields = sent_alike(sent)
+    assert fields["eta"] is not None and fields["queue"] == "conf", fields
+    expected = {**conf.app.conf.task_publish_retry_policy, **policy}
+    assert [p for p in producers["plain"].published if p[0] == "task.sent"] == [("task.sent", expected)]
+    # The message itself is parked: only the event goes through the caller's producer.
+    assert producers["delayed"].published == [("task.sent", expected)]
+    assert {variant: r.get(timeout=TIMEOUT) for variant, r in results.items()} == {"plain": 6, "delayed": 6}
+    untracked(conf, results["delayed"].id)
+
+
+@pytest.mark.usefixtures("frozen_clock")  # both calls at one instant: one eta
+def test_a_call_given_a_connection_is_parked_and_its_event_goes_through_it(
+    conf: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``connection=``: Celery makes a producer on it for the call; the extension too, for the task-sent event,
+    while the message is parked."""
+    monkeypatch.setitem(conf.app.conf, "task_send_sent_event", True)
+    with Events(conf.app) as events, conf.app.connection_for_write() as connection:
+        results = launch(conf, "echo", lambda task: task.apply_async((8,), countdown=1, connection=connection))
+        entry = conf.rd.find(results["delayed"].id)
+        assert entry is not None and entry.state == "delayed", "the call waits in Redis"
+        sent_alike({variant: events.wait("task-sent", r.id) for variant, r in results.items()})
+    assert {variant: r.get(timeout=TIMEOUT) for variant, r in results.items()} == {"plain": 8, "delayed": 8}
+    untracked(conf, results["delayed"].id)
+
+
+def test_a_task_sent_event_that_cannot_be_published_is_buffered_as_celery_buffers_it(
+    conf: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's ``test_task_sent_event_respects_publish_retry_limit``, both ways: the caller's producer cannot
+    publish the event, it is tried as often as the caller's retry policy says, and the event waits in
+    Celery's buffer of events to send again; the call runs."""
+    monkeypatch.setitem(conf.app.conf, "task_send_sent_event", True)
+    buffered = conf.app.amqp._event_dispatcher._outbound_buffer
+    monkeypatch.setattr(conf.app.amqp._event_dispatcher, "_outbound_buffer", type(buffered)())
+    producers, results = {}, {}
+    for variant in conf.VARIANTS:
+        with conf.app.connection_for_write() as connection:
+            producers[variant] = producer = RecordingProducer(connection, failing=("task.sent",))
+            options = {"countdown": 0.5, "producer": producer, "retry_policy": {"max_retries": 0}}
+            results[variant] = conf.echo[variant].apply_async((7,), **options)
+    assert {variant: p.failed for variant, p in producers.items()} == {v: ["task.sent"] for v in conf.VARIANTS}
+    events = {event["uuid"]: (event, key) for event, key in conf.app.amqp._event_dispatcher._outbound_buffer}
+    assert set(events) == {r.id for r in results.values()}
+    assert {variant: events[r.id][1] for variant, r in results.items()} == dict.fromkeys(conf.VARIANTS, "task.sent")
+    sent_alike(
+        {variant: {**events[r.id][0], "eta": eta_form(events[r.id][0]["eta"])} for variant, r in results.items()}
+    )
+    assert {variant: r.get(timeout=TIMEOUT) for variant, r in results.items()} == {"plain": 7, "delayed": 7}
+    untracked(conf, results["delayed"].id)
 
 
 # -- retries, failures, callbacks ---------------------------------------------------------------

@@ -47,9 +47,12 @@ def parking_producer(
     given: tuple[Any, Any] | None = None,
     eta: str | None = None,
     gate: Gate | None = None,
+    caller: Any = None,
 ) -> Iterator[ParkingProducer]:
     """A producer for Celery's ``send_task`` that parks the message under ``task_id``, with the ``eta`` Celery
     would have written in it in :data:`~celery_redisdelay.message.marks.ETA_HEADER` (its ``eta`` stays None).
+    What else Celery publishes for the call (its task-sent event) goes through ``caller``, the producer the
+    caller gave, or one of the app's pool, as Celery's ``send_task`` would publish it.
 
     ``mode`` ``unique`` or ``debounce`` parks it under ``key`` (see :meth:`CallStore.park_keyed`);
     the producer's ``outcome`` then tells what the store did. With ``learn``, a template of the call
@@ -85,8 +88,8 @@ def parking_producer(
             templates.keep(learn, template, stored_meta)
         return status, holder
 
-    with depot.app.producer_or_acquire() as real:
-        yield ParkingProducer(real, task_id, park, depot.accepted_content_types)
+    with depot.app.producer_or_acquire(caller) as real:
+        yield ParkingProducer(real, task_id, park, depot.accepted_content_types, eta)
 
 
 def park_from(
@@ -144,6 +147,7 @@ def park_call(
     ``built_by`` names the call behind ``build`` and the options it takes by name besides
     ``options``: calls alike in all of it share a template."""
     capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
+    caller = _callers_producer(task, options)
     limits, mode, key, lock_name, gate = rules.call_options(args, kwargs, options)
     app = task._get_app()
     for name, value in rules.routing_options.items():
@@ -178,7 +182,7 @@ def park_call(
         learn = kept_key if templates.wanted(kept_key) else None
         given = (args, kwargs) if learn is not None else None
         with parking_producer(
-            depot, templates, call_id, due, limits, mode, key, capture, learn, given, eta_text, gate
+            depot, templates, call_id, due, limits, mode, key, capture, learn, given, eta_text, gate, caller
         ) as parking:
             try:
                 built = build(call_id, parking, dict(options))
@@ -225,6 +229,19 @@ def park_call(
     return _result(task, send(task_id or fresh())[1], ignore_result, made)
 
 
+def _callers_producer(task: Any, options: dict[str, Any]) -> Any:
+    """The producer the caller gave (``producer``, or ``publisher``, its old name), taken out of ``options``: or
+    one on the ``connection`` given, as Celery's ``send_task`` makes it. None: one of the app's pool. Celery
+    publishes the call's task-sent event through it, with the call's retry policy; the message itself goes
+    to the parking producer, which must be the only one Celery's ``send_task`` sees."""
+    producer, publisher = options.pop("producer", None), options.pop("publisher", None)
+    producer = producer or publisher
+    connection = options.pop("connection", None)
+    if connection:
+        producer = task._get_app().amqp.Producer(connection, auto_declare=False)
+    return producer
+
+
 def _result(task: Any, call_id: str, ignored: bool, made: dict[str, AsyncResult]) -> AsyncResult:
     """The call's result: Celery's own when Celery built the call kept (see :func:`park_call`), else a new one."""
     result = made.get(call_id)
@@ -239,8 +256,7 @@ def park_sent(task: Any, rules: CallRules, given: dict[str, Any], send_task: Cal
     of that call as bound to ``send_task``'s signature, ``send_task`` is Celery's own."""
     given = dict(given)
     options = dict(given.pop("options", None) or {})
-    for ours in ("name", "producer", "publisher", "connection"):
-        given.pop(ours, None)  # the parking producer replaces any producer or connection given
+    given.pop("name", None)  # a producer or connection given stays: park_call takes it for the task-sent event
     args, kwargs = given.pop("args", None), given.pop("kwargs", None)
     task_id, result_cls = given.pop("task_id", None), given.pop("result_cls", None)
     # Task.apply_async names its task (Celery's router and send_task may read it); it is the same for every

@@ -3,7 +3,7 @@
 ``DelayedTask.apply_async`` hands this producer to Celery's own ``send_task``, so routing,
 headers, links, parent ids, stamping and the ``before/after_task_publish`` signals all happen
 exactly as for a normal task; only the final publish is replaced by the park script. Anything else
-published through it (task-sent events) goes to the real producer.
+published through it (the call's task-sent event) goes to the real producer: the caller's, when it gave one.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ class ParkingProducer:
         task_id: str,
         park: Callable[[Envelope], tuple[int, str]],
         accept: frozenset[str] | None = None,
+        eta: str | None = None,
     ) -> None:
         self._real = real
         self._task_id = task_id
         self._park = park
         self._accept = accept  # content types workers accept (None: anything)
+        self._eta = eta  # the eta Celery would have given the call (its message has none)
         #: What the park script answered: (status, id of the call parked or kept).
         self.outcome: tuple[int, str] = (0, task_id)
 
@@ -47,8 +49,12 @@ class ParkingProducer:
         headers = kwargs.get("headers") or {}
         if headers.get("id") == self._task_id:
             self.outcome = self._park(self.envelope(body, **kwargs))
-        else:
-            self._real.publish(body, **kwargs)
+            return
+        if isinstance(body, dict) and body.get("type") == "task-sent" and body.get("uuid") == self._task_id:
+            # The event tells the eta as Celery's would. Set in Celery's own event, which its dispatcher
+            # buffers when this publish fails.
+            body["eta"] = self._eta
+        self._real.publish(body, **kwargs)
 
     def envelope(
         self,

@@ -64,6 +64,8 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
         # The options apply_async takes by name count for its template as much as the others.
         named = {"link": link, "link_error": link_error, "shadow": shadow}
         named = {name: value for name, value in named.items() if value is not None}
+        if producer is not None:
+            options["producer"] = producer  # the task-sent event goes through it (park_call)
         ignore_result = bool(options.get("ignore_result", self.ignore_result))
         return park_call(self, self, args, kwargs, task_id, options, build, ignore_result, ("apply_async", named))
 
