@@ -290,7 +290,10 @@ class RedisDelay:
         future (``apply_async``, signatures and retries all come here); any other call is Celery's own."""
         if isinstance(kwargs.get("producer"), ParkingProducer):
             return self.celery_send_task(name, *args, **kwargs)  # our own park going through Celery
-        explicit = name in self._task_names
+        # A task made with the extension's decorators, or of its task class otherwise (``app.Task = rd.Task``).
+        explicit = name in self._task_names or (
+            self.app.finalized and isinstance(self.app.tasks.get(name), DelayedTask)
+        )
         waits = len(args) > 2 or kwargs.get("countdown") is not None or kwargs.get("eta") is not None
         if not explicit and not ((waits or self._limited(name)) and self.app.conf.get("redisdelay_all_tasks")):
             return self.celery_send_task(name, *args, **kwargs)

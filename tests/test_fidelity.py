@@ -137,6 +137,25 @@ def test_send_task_by_name_parks_a_delayed_task_of_this_app(make_app: MakeApp, c
     assert client.llen(queue) == 2
 
 
+def test_send_task_by_name_parks_a_call_of_a_task_of_the_extensions_class(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    """``app.Task = rd.Task`` (the celery-suite's delayed mode) makes every task of the app a delayed task: a call by
+    name parks as its ``apply_async`` does, once the app is finalized (its tasks are made then)."""
+    app, rd = make_app()
+    app.Task = rd.Task
+
+    @app.task(name="tests.fidelity.of_the_class", shared=False)
+    def of_the_class(x: int) -> None: ...
+
+    app.finalize()
+    assert isinstance(app.tasks["tests.fidelity.of_the_class"], rd.Task)
+    result = app.send_task("tests.fidelity.of_the_class", args=(3,))
+    entry = rd.find(result.id)
+    assert entry is not None and entry.state == "delayed", "a delayed task's call waits in Redis"
+    assert client.llen(app.conf.task_default_queue) == 0, "nothing reached the broker"
+
+
 # -- park_many ------------------------------------------------------------------------------------------
 
 
