@@ -17,7 +17,7 @@ from .operations import checks
 from .operations.listing import Scanner
 from .operations.validation import register_validation_tasks
 from .producer import batch
-from .producer.adoption import AdoptedRules, adoptable, parks_later
+from .producer.adoption import CELERY_PREFIXES, AdoptedRules, adoptable, parks_later
 from .producer.batch import check_batch_options
 from .producer.kept import TemplateCache
 from .producer.locks import Lock
@@ -290,9 +290,13 @@ class RedisDelay:
         future (``apply_async``, signatures and retries all come here); any other call is Celery's own."""
         if isinstance(kwargs.get("producer"), ParkingProducer):
             return self.celery_send_task(name, *args, **kwargs)  # our own park going through Celery
-        # A task made with the extension's decorators, or of its task class otherwise (``app.Task = rd.Task``).
+        # A task made with the extension's decorators, or of its task class otherwise (``app.Task = rd.Task``), but
+        # not Celery's own tasks nor the extension's tick: beat sends the tick by name, and a parked tick would
+        # wait for a release that only it makes.
         explicit = name in self._task_names or (
-            self.app.finalized and isinstance(self.app.tasks.get(name), DelayedTask)
+            self.app.finalized
+            and not name.startswith(CELERY_PREFIXES)
+            and isinstance(self.app.tasks.get(name), DelayedTask)
         )
         waits = len(args) > 2 or kwargs.get("countdown") is not None or kwargs.get("eta") is not None
         if not explicit and not ((waits or self._limited(name)) and self.app.conf.get("redisdelay_all_tasks")):

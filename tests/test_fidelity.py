@@ -154,6 +154,10 @@ def test_send_task_by_name_parks_a_call_of_a_task_of_the_extensions_class(
     entry = rd.find(result.id)
     assert entry is not None and entry.state == "delayed", "a delayed task's call waits in Redis"
     assert client.llen(app.conf.task_default_queue) == 0, "nothing reached the broker"
+    # The tick is of the class too, but beat sends it by name and only it releases: it goes to the broker.
+    assert isinstance(app.tasks["redisdelay.tick"], rd.Task)
+    tick = app.send_task("redisdelay.tick")
+    assert rd.find(tick.id) is None and client.llen(app.conf.task_default_queue) == 1
 
 
 # -- park_many ------------------------------------------------------------------------------------------
