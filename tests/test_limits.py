@@ -445,3 +445,27 @@ def test_a_damaged_limit_holds_nothing_back_and_fails_no_script(rd: RedisDelay, 
     queue = rd.app.conf.task_default_queue
     release(rd)
     assert {json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)} == {call.id for call in calls}
+
+
+def test_a_key_that_json_escapes_is_one_limit_instance_however_its_gate_is_read(rd: RedisDelay, client: Any) -> None:
+    """The release reads a call's gate from its metadata without decoding it where the JSON escapes only the tabs
+    and newlines that separate its limits; a key with quotes, backslashes or control characters is decoded. Either
+    way a key is one instance: the second call of each key waits for the first's slot, under a per-key limit and
+    a quota at once (a gate of two lines)."""
+    rd.app.conf.redisdelay_quotas = {"escapes": {"concurrency": 100}}
+
+    @rd.delayed(name="limits.escapes", limit_concurrency=1, limit_key="k:{key}", limit_quota="escapes")
+    def task(key: str, n: int) -> None: ...
+
+    keys = ["plain", 'quo"te', "back\\slash", "back\\tslash", "ünïcode", "\x01ctl"]
+    first = [task.delay(key, 0) for key in keys]
+    second = [task.delay(key, 1) for key in keys]
+    queue = rd.app.conf.task_default_queue
+    release(rd)
+    assert {json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)} == {c.id for c in first}
+    assert {rd.find(c.id).meta["s"] for c in second} == {"limited"}  # type: ignore[union-attr]
+    holders = {member.split(b"\0")[0].decode() for member in client.zrange(rd.keys.slots, 0, -1)}
+    assert holders == {"quota:escapes\t"} | {f"task:limits.escapes\tk:{key}" for key in keys}
+    for call in first:
+        rd.depot.shards.stores[0].ack(call.id)
+    wait_for(lambda: release(rd) and client.llen(queue) == 2 * len(keys), 5, "each key's second call to go")

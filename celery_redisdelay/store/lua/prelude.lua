@@ -237,9 +237,13 @@ end
 local function gate_limits(gate)
     local found = gate_limits_seen[gate]
     if not found then
-        found = {}
-        for instance in string.gmatch(gate, '[^\n]+') do
-            found[#found + 1] = limit_instance(instance)
+        if not string.find(gate, '\n', 1, true) then  -- the common case: one limit instance
+            found = {limit_instance(gate)}
+        else
+            found = {}
+            for instance in string.gmatch(gate, '[^\n]+') do
+                found[#found + 1] = limit_instance(instance)
+            end
         end
         gate_limits_seen[gate] = found
     end

@@ -131,6 +131,28 @@ local function pace_of(member)
     return arrival
 end
 
+-- Read the paces of these gates' limits in one call, before their calls are looked at one by one.
+local function read_paces(gates)
+    local members = {}
+    for _, gate in ipairs(gates) do
+        for _, limit in ipairs(gate_limits(gate)) do
+            for _, pace in ipairs(limit.paces) do
+                if paces_seen[pace[1]] == nil then
+                    paces_seen[pace[1]] = false
+                    members[#members + 1] = pace[1]
+                end
+            end
+        end
+    end
+    for i = 1, #members, 1000 do
+        local last = math.min(i + 999, #members)
+        local scores = redis.call('ZMSCORE', PACES, unpack(members, i, last))
+        for j = i, last do
+            paces_seen[members[j]] = tonumber(scores[j - i + 1]) or false
+        end
+    end
+end
+
 local function admit(gate, id, now)
     local limits = gate_limits(gate)
     local again = nil
@@ -192,15 +214,22 @@ end
 -- metadata (meta.py's gated_meta), so that it is read without decoding the JSON when it holds no escape but
 -- a tab or newline; else, and in metadata the scripts wrote again, it is decoded.
 local GATE_FIELD, GATE_END = ',"lg":"', '",' .. string.sub(FRESH, 2)
+local UNESCAPE = {t = '\t', n = '\n'}
 local gates_in_raw = {}
+-- The metadata of a gated call as it would be without its gate, when read without decoding: its route is the
+-- same, and calls of one task share that text (route_of reads it once).
+local ungated = {}
 local function gate_in(raw)
     local gate = gates_in_raw[raw]
     if gate == nil then
         local from = string.find(raw, GATE_FIELD, 1, true)
         local text = from and string.sub(raw, -#GATE_END) == GATE_END
             and string.sub(raw, from + #GATE_FIELD, -#GATE_END - 1)
-        if text and not string.find(text, '"', 1, true) and not string.find(text, '\\[^tn]') then
-            gate = string.gsub(string.gsub(text, '\\t', '\t'), '\\n', '\n')
+        -- One pass for the tabs and newlines; any other escape (a backslash left) is for cjson.
+        local plain = text and not string.find(text, '"', 1, true) and string.gsub(text, '\\([tn])', UNESCAPE)
+        if plain and not string.find(plain, '\\', 1, true) then
+            gate = plain
+            ungated[raw] = string.sub(raw, 1, from - 1) .. FRESH
         else
             local ok, decoded = pcall(cjson.decode, raw)
             gate = ok and type(decoded) == 'table' and type(decoded.lg) == 'string' and decoded.lg or false
@@ -240,38 +269,51 @@ local raw_metas = #ids > 0 and redis.call('HMGET', META, unpack(ids)) or {}
 -- call, below); else it goes to its gate, behind the calls waiting there. The rest of the step lets gated
 -- calls out.
 local skipped, gated = {}, {}
--- Whether each gate has calls waiting (none has when no gate is open: no need to ask).
-local busy, any_gate = {}, redis.call('EXISTS', GATES) == 1
-for i, id in ipairs(ids) do
+local gate_of, step_gates = {}, {}  -- the gate of each due call under limits; the gates, once each
+for i = 1, #ids do
     local raw = raw_metas[i]
     if payloads[i] and raw and string.find(raw, ',"lg":', 1, true) then
         local gate = gate_in(raw)
         if gate then
-            if busy[gate] == nil then
-                busy[gate] = any_gate and redis.call('ZSCORE', GATES, gate) ~= false
+            gate_of[i] = gate
+            if not gate_limits_seen[gate] then
+                step_gates[#step_gates + 1] = gate
             end
-            local admitted, again = false, nil
-            if not busy[gate] then
-                admitted, again = admit(gate, id, now)
+            gate_limits(gate)
+        end
+    end
+end
+read_paces(step_gates)
+-- Whether each gate has calls waiting (none has when no gate is open: no need to ask).
+local busy, any_gate = {}, redis.call('EXISTS', GATES) == 1
+for i, id in ipairs(ids) do
+    local raw = raw_metas[i]
+    local gate = gate_of[i]
+    if gate then
+        if busy[gate] == nil then
+            busy[gate] = any_gate and redis.call('ZSCORE', GATES, gate) ~= false
+        end
+        local admitted, again = false, nil
+        if not busy[gate] then
+            admitted, again = admit(gate, id, now)
+        end
+        if not admitted then
+            local due = tonumber(dues[i])
+            local ok, waiting = pcall(cjson.decode, raw)
+            if not ok or type(waiting) ~= 'table' then
+                waiting = {lg = gate}  -- damaged metadata must not stop the release; the gate is known
             end
-            if not admitted then
-                local due = tonumber(dues[i])
-                local ok, waiting = pcall(cjson.decode, raw)
-                if not ok or type(waiting) ~= 'table' then
-                    waiting = {lg = gate}  -- damaged metadata must not stop the release; the gate is known
-                end
-                waiting.s, waiting.lw = 'limited', due
-                save_meta(id, waiting)
-                redis.call('ZADD', GATED, 0, gated_member(gate, due, id))
-                if again then
-                    redis.call('ZADD', GATES, again, gate)
-                else
-                    redis.call('ZADD', GATES, 'NX', now, gate)
-                end
-                busy[gate] = true
-                gated[#gated + 1] = id
-                skipped[i] = true
+            waiting.s, waiting.lw = 'limited', due
+            save_meta(id, waiting)
+            redis.call('ZADD', GATED, 0, gated_member(gate, due, id))
+            if again then
+                redis.call('ZADD', GATES, again, gate)
+            else
+                redis.call('ZADD', GATES, 'NX', now, gate)
             end
+            busy[gate] = true
+            gated[#gated + 1] = id
+            skipped[i] = true
         end
     end
 end
@@ -341,7 +383,7 @@ end
 
 for i, id in ipairs(ids) do
     local payload, raw = payloads[i], raw_metas[i]
-    local route = payload and raw and not skipped[i] and route_of(raw)
+    local route = payload and raw and not skipped[i] and route_of(ungated[raw] or raw)
     -- A broker message of this very call: it starts as kombu's do and ends with its own first tag, the
     -- id whole between the tag's opening quote (byte 34) and '.1"}}' (as message_for checks, without
     -- building the string).
