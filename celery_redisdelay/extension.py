@@ -299,7 +299,7 @@ class RedisDelay:
             and isinstance(self.app.tasks.get(name), DelayedTask)
         )
         waits = len(args) > 2 or kwargs.get("countdown") is not None or kwargs.get("eta") is not None
-        if not explicit and not ((waits or self._limited(name)) and self.app.conf.get("redisdelay_all_tasks")):
+        if not explicit and not (self.app.conf.get("redisdelay_all_tasks") and (waits or self._limited(name))):
             return self.celery_send_task(name, *args, **kwargs)
         task = self.app.tasks.get(name)
         given = self._send_task_signature.bind(name, *args, **kwargs).arguments
