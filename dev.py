@@ -2,7 +2,8 @@
 """Development commands; needs only Python 3.11+: makes .venv, installs the project into it, runs.
 
 python3 dev.py demo     run the example project's validation on an embedded Redis
-python3 dev.py test     run the test suite (extra arguments go to pytest)
+python3 dev.py test     run the test suite (extra arguments go to pytest), in pytest-xdist workers, one more than
+                        the cores (at most four; ``-n N`` chooses, ``-n 0`` runs it in one process)
 python3 dev.py test-lowest [pytest args]
                         the same in .venv-lowest, with the lowest versions pyproject.toml declares (the
                         ``>=`` floors of its dependencies and of the prometheus extra, pinned with ``==``)
@@ -115,6 +116,15 @@ def wheel_demo(python: Path, rest: Sequence[str]) -> int:
         return subprocess.call([str(clean), "-m", "example_project.demo", *rest], cwd=folder, env=env)
 
 
+def parallel(args: Sequence[str]) -> list[str]:
+    """pytest-xdist's ``-n``, one worker more than the cores (at most four), unless ``args`` choose. The suite spends
+    most of its time waiting for the real servers and Celery processes it starts (in one process it keeps 40% of
+    one core busy); each worker starts its own servers."""
+    if any(arg.startswith(("-n", "--numprocesses")) or arg in {"no:xdist", "-pno:xdist"} for arg in args):
+        return []
+    return ["-n", str(min((os.cpu_count() or 1) + 1, 4))]
+
+
 def run(python: Path, *args: str) -> int:
     return subprocess.call([str(python), *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
@@ -139,12 +149,12 @@ def main(argv: list[str]) -> int:
     if command == "test-lowest":
         python = ensure_venv(LOWEST, ("test",), floors())
         print(f"dev.py: lowest versions: {versions(python).strip()}", flush=True)
-        return run(python, "-m", "pytest", *rest)
+        return run(python, "-m", "pytest", *parallel(rest), *rest)
     python = ensure_venv()
     if command == "demo":
         return run(python, "-m", "example_project.demo", *rest)
     if command == "test":
-        return run(python, "-m", "pytest", *rest)
+        return run(python, "-m", "pytest", *parallel(rest), *rest)
     if command == "bench":
         return run(python, "-m", "bench", *rest)
     if command == "docs":
