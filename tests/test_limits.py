@@ -5,6 +5,7 @@ threads. The tasks note when each run started and ended (``tests/pool_proj.py``)
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from celery_redisdelay.cli import redisdelay
 from celery_redisdelay.store.limits import Limit, parse_rate
 from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import PoolRun, pool_worker
+from tests.test_web import client_of, ids_on, page, post, token
 
 QUOTAS = {"shared": {"concurrency": 2}}
 
@@ -474,3 +476,45 @@ def test_a_key_that_json_escapes_is_one_limit_instance_however_its_gate_is_read(
     for call in first:
         rd.depot.shards.stores[0].ack(call.id)
     wait_for(lambda: release(rd) and client.llen(queue) == 2 * len(keys), 5, "each key's second call to go")
+
+
+def test_an_operator_lists_and_cancels_the_calls_held_by_limits(rd: RedisDelay, client: Any) -> None:
+    """``list --state limited``, the dashboard's list of them, and a cancel of everything matching, which reaches
+    the calls in their gates as well as those not due yet."""
+
+    @rd.delayed(name="limits.listed", limit_concurrency=1, limit_key="tenant:{tenant}")
+    def task(tenant: int, n: int) -> None: ...
+
+    calls = {(tenant, n): task.apply_async((tenant, n), countdown=n / 1000) for n in range(3) for tenant in (1, 2)}
+    later = task.apply_async((3, 0), countdown=3600)
+    wait_for(lambda: rd.stats()["due"] == 6, 5, "six calls to be due")
+    release(rd)
+    held = {call.id for (_, n), call in calls.items() if n > 0}
+    result = CliRunner().invoke(
+        redisdelay, ["list", "--state", "limited", "--json"], obj=SimpleNamespace(app=rd.app), catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    listed = json.loads(result.output)["calls"]
+    assert {call["id"] for call in listed} == held and {call["phase"] for call in listed} == {"limited"}
+    # By gate (the limit key), then by due time in each.
+    assert [call["id"] for call in listed] == [calls[tenant, n].id for tenant in (1, 2) for n in (1, 2)]
+    assert [call["limits"] for call in listed] == [[f"task:limits.listed tenant:{t}"] for t in (1, 1, 2, 2)]
+
+    web = client_of(rd)
+    html = page(web, "/calls/limited")
+    assert set(ids_on(html)) == held and "Held by limits" in html
+    overview = page(web, "/")
+    assert re.search(r"Held by limits <span class=\"pill\">4</span>", overview)
+    form = {"csrf_token": token(web), "action": "cancel", "scope": "matching", "confirmed": "1"}
+    post(web, "/calls/limited/act", form)
+    assert ids_on(page(web, "/calls/limited")) == [] and rd.find(later.id) is not None  # the page's list only
+
+    again = [task.apply_async((1, n), countdown=n / 1000) for n in (5, 6)]
+    wait_for(lambda: rd.stats()["due"] == 2, 5, "two more calls to be due")
+    release(rd)  # tenant 1's slot is still held: both wait in the gate
+    result = CliRunner().invoke(
+        redisdelay, ["cancel", "--all", "--task", "limits.listed", "--force", "--json"], obj=SimpleNamespace(app=rd.app)
+    )
+    assert result.exit_code == 0, result.output
+    assert all(rd.find(call.id) is None for call in [*again, later])
+    assert rd.stats()["limited"] == 0 and client.zcard(rd.keys.gated) == 0

@@ -360,6 +360,18 @@ def test_the_overview_shows_what_each_limit_holds(
     panel.scroll_into_view_if_needed()
     panel.screenshot(path=str(screenshots(tmp_path) / "dashboard-limits.png"))
 
+    # The calls themselves, in their own list: by limit key, then due time; an operator may cancel them there.
+    page.get_by_role("link", name=re.compile("Held by limits")).click()
+    expect(page.locator("h1")).to_have_text("Calls held by limits")
+    expect(page.locator("tr[data-id] td.limits")).to_have_text(
+        ["task:crm.tasks.sync_account account:7"] * 2 + ["task:crm.tasks.sync_account account:9"] * 2
+    )
+    expect(page.locator("tr[data-id]")).to_have_count(4)
+    expect(page.locator("tr[data-id] .phase")).to_have_text(["limited"] * 4)
+    expect(page.locator("tr[data-id] .row-actions button")).to_have_text(["Cancel"] * 4)
+    page.screenshot(path=str(screenshots(tmp_path) / "dashboard-limited.png"), full_page=True)
+    page.goto(web.url + "/")
+
     # An operator changes the limit from the page; a limit that cannot work is refused, naming what is wrong.
     form = row.locator("form")
     form.get_by_label("Rates of task:crm.tasks.sync_account").fill("5/x")

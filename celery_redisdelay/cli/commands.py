@@ -24,7 +24,7 @@ from ..operations.listing import iso
 from ..operations.validation import run_validation
 from ..operations.waiting import adopt_waiting
 from ..release.precise import PreciseReleasers
-from ..store.calls import STATES
+from ..store.calls import LISTS
 from . import actions
 from .history import print_history
 from .limits import limits
@@ -208,7 +208,7 @@ def _memory(size: int | None) -> str:
 
 
 @redisdelay.command(name="list")
-@click.option("--state", type=click.Choice(STATES), default="delayed", show_default=True)
+@click.option("--state", type=click.Choice(LISTS), default="delayed", show_default=True)
 @click.option("--task", help="Only calls of this task (name as registered).")
 @click.option("--queue", help="Only calls routed to this queue.")
 @click.option("--search", help="Only calls whose args or kwargs (as JSON) contain this text, in any case.")

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 #: Actions and the state their calls must be in.
 ACTION_STATES = {"run-now": "delayed", "reschedule": "delayed", "cancel": "delayed", "requeue": "dead", "purge": "dead"}
+#: The lists (:data:`~celery_redisdelay.store.calls.LISTS`) each action reaches: a cancel also takes the due calls
+#: waiting on their limits out of their gates (cancel.lua).
+ACTION_LISTS = {action: (state,) for action, state in ACTION_STATES.items()} | {"cancel": ("delayed", "limited")}
 
 
 def step_for(depot: Depot, action: str, due_ms: int | None = None) -> Step:
@@ -90,8 +93,10 @@ def act_on_matching(
     scan: int = 10_000,
     most: int | None = None,
     budget: float | None = None,
+    lists: tuple[str, ...] | None = None,
 ) -> BulkReport:
-    """Do ``action`` to every call of its state that ``found`` matches, ``step`` calls per script call.
+    """Do ``action`` to every call of its state that ``found`` matches, ``step`` calls per script call (a
+    ``cancel``: the delayed calls, then those held by their limits; ``lists`` chooses among the action's).
 
     Each round reads at most ``scan`` entries (and keeps at most ``step`` matching ones), acts on them,
     and moves the read position back over the calls that left the set (or, for a reschedule, moved
@@ -100,9 +105,12 @@ def act_on_matching(
     It stops after ``most`` calls or ``budget`` seconds, saying so in ``stopped``; running it again
     carries on. Calls that change state meanwhile may be skipped, as with any page.
     """
-    state = ACTION_STATES.get(action)
-    if state is None:
-        raise RedisDelayError(f"unknown action {action!r}; expected one of {', '.join(ACTION_STATES)}")
+    if action not in ACTION_LISTS:
+        raise RedisDelayError(f"unknown action {action!r}; expected one of {', '.join(ACTION_LISTS)}")
+    if lists is None:
+        lists = ACTION_LISTS[action]
+    if not lists or any(listed not in ACTION_LISTS[action] for listed in lists):
+        raise RedisDelayError(f"{action} reaches the {' and '.join(ACTION_LISTS[action])} calls, not {lists}")
     if not 1 <= step <= LARGEST_STEP or scan < 1:
         raise RedisDelayError(f"step must be from 1 to {LARGEST_STEP} and scan at least 1, not {step} and {scan}")
     report = BulkReport(action)
@@ -114,20 +122,22 @@ def act_on_matching(
         raise RedisDelayError("reschedule needs countdown_ms or due_ms")
     if action != "reschedule":
         due_ms = None
-    scanner = scanner_for(depot, state, None, found, newest_first=newest_first, chunk=min(step, scan))
     started = time.monotonic()
-    while True:
-        picked, last = _pick(depot, scanner, found, report, step, scan, skip_score=due_ms)
-        if picked:
-            _act(depot, action, scanner, picked, last, report, due_ms, newest_first)
-        if scanner.exhausted:
-            return report
-        if most is not None and report.done >= most:
-            report.stopped = f"stopped after {report.done:,} calls (the most one request does); run it again"
-            return report
-        if budget is not None and time.monotonic() - started > budget:
-            report.stopped = f"stopped after {budget:.0f} s with {report.done:,} calls done; run it again"
-            return report
+    for listed in lists:
+        scanner = scanner_for(depot, listed, None, found, newest_first=newest_first, chunk=min(step, scan))
+        while True:
+            picked, last = _pick(depot, scanner, found, report, step, scan, skip_score=due_ms)
+            if picked:
+                _act(depot, action, scanner, picked, last, report, due_ms, newest_first)
+            if scanner.exhausted:
+                break
+            if most is not None and report.done >= most:
+                report.stopped = f"stopped after {report.done:,} calls (the most one request does); run it again"
+                return report
+            if budget is not None and time.monotonic() - started > budget:
+                report.stopped = f"stopped after {budget:.0f} s with {report.done:,} calls done; run it again"
+                return report
+    return report
 
 
 def _pick(

@@ -17,15 +17,16 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RedisDelayError
-from ..store.calls import STATES, CallStore, Entry, redis_errors
+from ..store.calls import LISTS, CallStore, Entry, redis_errors
 from ..store.calls import server_ms as clock_of
+from ..store.meta import CallMeta
 from .payloads import arguments_text, queue_of
 
 if TYPE_CHECKING:
     from ..store.depot import Depot
 
 #: What the score of each state means.
-SCORE_MEANING = {"delayed": "due", "inflight": "deadline", "dead": "dead since"}
+SCORE_MEANING = {"delayed": "due", "limited": "due", "inflight": "deadline", "dead": "dead since"}
 #: The orders a page can be read in: by score, oldest or newest first.
 ORDERS = ("oldest", "newest")
 #: With a filter, entries are read this many at a time per shard (or ``limit``, if larger; never more
@@ -47,9 +48,11 @@ def iso(ms: float) -> str:
 
 
 def state_key(store: CallStore, state: str) -> str:
-    if state not in STATES:
-        raise RedisDelayError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
-    key: str = getattr(store.keys, state)
+    """The key of a list of calls (:data:`~celery_redisdelay.store.calls.LISTS`); the calls held by their limits
+    wait in the gated set."""
+    if state not in LISTS:
+        raise RedisDelayError(f"unknown state {state!r}; expected one of {', '.join(LISTS)}")
+    key: str = store.keys.gated if state == "limited" else getattr(store.keys, state)
     return key
 
 
@@ -224,7 +227,16 @@ def entry_dict(entry: Entry, now_ms: int) -> dict[str, Any]:
         "phase": meta.get("s"),
         "worker": meta.get("h"),
         "why": meta.get("why"),
+        "limits": limits_of(meta),
     }
+
+
+def limits_of(meta: CallMeta) -> list[str]:
+    """The limits a call is under, each as its name and the key its arguments gave (``task:sync account:7``)."""
+    gate = meta.get("lg")
+    if not isinstance(gate, str):
+        return []
+    return [" ".join(part for part in line.split("\t", 1) if part) for line in gate.split("\n") if line]
 
 
 def scanner_for(

@@ -27,6 +27,9 @@ from .meta import CallMeta, Limits, decode_meta, gated_meta, meta_json
 from .scripts import Scripts
 
 STATES = ("delayed", "inflight", "dead")
+#: The lists an operator reads: the states, and the due calls held by their limits (delayed calls too, waiting in
+#: their gates: :meth:`CallStore.find` says "delayed", with the phase "limited").
+LISTS = ("delayed", "limited", "inflight", "dead")
 
 #: ``park_keyed`` statuses.
 STORED, KEPT, CONFLICT = 1, 0, -1
@@ -88,6 +91,15 @@ def server_ms(client: Any, key: str) -> int:
 
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def gated_entry(member: bytes) -> tuple[str, float]:
+    """The id and due time of a call waiting in its gate, from its member of the gated set (gate NUL due NUL
+    id, see prelude.lua); a member not written so is listed as it is, due at 0, rather than hidden."""
+    parts = member.split(b"\0", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        return text(parts[2]), float(parts[1])
+    return member.decode("utf-8", "replace"), 0.0
 
 
 class Released(NamedTuple):
@@ -489,17 +501,25 @@ class CallStore:
     def read(
         self, state: str, offset: int, count: int, *, newest_first: bool = False, payloads: str = "none"
     ) -> tuple[list[Entry], int]:
-        """Up to ``count`` calls in ``state`` from ``offset`` on (by score, oldest or newest first) with their
-        metadata, and how many calls the state holds. Payloads: ``"none"``, ``"all"``, or ``"unrouted"``
-        (those of calls whose metadata names no broker list, for the paginator's queue filter)."""
-        if state not in STATES:
-            raise ValueError(f"unknown state {state!r}; expected one of {', '.join(STATES)}")
-        key = getattr(self.keys, state)
+        """Up to ``count`` calls in ``state`` (one of :data:`LISTS`) from ``offset`` on (by score, oldest or newest
+        first) with their metadata, and how many calls the state holds. Payloads: ``"none"``, ``"all"``, or
+        ``"unrouted"`` (those of calls whose metadata names no broker list, for the paginator's queue filter).
+
+        The calls held by their limits (``"limited"``) come by gate (the limit key), then by due time in each."""
+        if state not in LISTS:
+            raise ValueError(f"unknown state {state!r}; expected one of {', '.join(LISTS)}")
         with redis_errors(f"list {state} calls"):
             pipe = self.client.pipeline(transaction=False)
-            pipe.zrange(key, offset, offset + count - 1, desc=newest_first, withscores=True)
-            pipe.zcard(key)
-            members, size = pipe.execute()
+            if state == "limited":
+                pipe.zrange(self.keys.gated, offset, offset + count - 1, desc=newest_first)
+                pipe.zcard(self.keys.gated)
+                gated, size = pipe.execute()
+                members = [gated_entry(member) for member in gated]
+            else:
+                key = getattr(self.keys, state)
+                pipe.zrange(key, offset, offset + count - 1, desc=newest_first, withscores=True)
+                pipe.zcard(key)
+                members, size = pipe.execute()
             ids = [text(member) for member, _ in members]
             found: Any = self.client.hmget(self.keys.meta, ids) if ids else []
             metas = [decode_meta(raw, state) for raw in found]

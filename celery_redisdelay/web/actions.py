@@ -14,7 +14,7 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 from werkzeug.wrappers import Response
 
 from ..errors import ConfigurationError, ScheduleError
-from ..operations.actions import ACTION_STATES, act_on, act_on_matching
+from ..operations.actions import ACTION_LISTS, ACTION_STATES, act_on, act_on_matching
 from ..operations.limits import set_limit
 from ..operations.listing import server_ms
 from ..producer.schedule import resolve_due
@@ -89,7 +89,7 @@ def many(state: str) -> Response | str:
     rd = board.rd
     query = ListQuery.parse(state, request.form, board.scan)
     action, scope = request.form.get("action", ""), request.form.get("scope", "selected")
-    if ACTION_STATES.get(action) != state or scope not in ("selected", "matching"):
+    if state not in ACTION_LISTS.get(action, ()) or scope not in ("selected", "matching"):
         abort(400, f"No action {action!r} on {scope} {state} calls.")
     ids = list(dict.fromkeys(request.form.getlist("ids")))
     if scope == "selected" and not ids:
@@ -116,6 +116,7 @@ def many(state: str) -> Response | str:
             newest_first=query.newest_first,
             scan=query.scan,
             budget=board.budget,
+            lists=(state,),  # what the page lists
         )
         message = f"{report.done:,} calls {VERBS[action]} ({report.scanned:,} entries read)"
         message += f"; {report.refused:,} have no payload and stay dead" if report.refused else ""

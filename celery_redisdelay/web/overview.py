@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..operations.listing import server_ms
+from ..operations.listing import server_ms, state_key
 from ..store.calls import redis_errors, text
 from ..store.meta import decode_meta
 
@@ -28,7 +28,7 @@ SLICES = 20
 TOP_TASKS = 8
 
 
-STATE_TITLES = {"delayed": "Delayed", "inflight": "In flight", "dead": "Dead"}
+STATE_TITLES = {"delayed": "Delayed", "limited": "Held by limits", "inflight": "In flight", "dead": "Dead"}
 
 
 def state_counts(rd: RedisDelay) -> dict[str, int]:
@@ -38,7 +38,7 @@ def state_counts(rd: RedisDelay) -> dict[str, int]:
         with redis_errors("count calls"):
             pipe = store.client.pipeline(transaction=False)
             for state in counts:
-                pipe.zcard(getattr(store.keys, state))
+                pipe.zcard(state_key(store, state))
             for state, count in zip(counts, pipe.execute(), strict=True):
                 counts[state] += int(count)
     return counts

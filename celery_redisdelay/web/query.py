@@ -10,7 +10,7 @@ from flask import abort, url_for
 from werkzeug.datastructures import MultiDict
 
 from ..operations.listing import ORDERS, Filter
-from ..store.calls import STATES
+from ..store.calls import LISTS
 
 PAGE_SIZES = (25, 50, 100, 200, 500)
 MOST_SCAN = 100_000
@@ -32,8 +32,8 @@ class ListQuery:
     @classmethod
     def parse(cls, state: str, args: MultiDict[str, str], default_scan: int = 10_000) -> ListQuery:
         """The query of a request, or a 404 for an unknown state and a 400 for a value out of range."""
-        if state not in STATES:
-            abort(404, f"There is no list of {state!r} calls; the lists are {', '.join(STATES)}.")
+        if state not in LISTS:
+            abort(404, f"There is no list of {state!r} calls; the lists are {', '.join(LISTS)}.")
         order = args.get("order", "oldest")
         if order not in ORDERS:
             abort(400, f"order must be one of {', '.join(ORDERS)}, not {order!r}.")

@@ -26,6 +26,7 @@ blueprint = Blueprint("views", __name__)
 #: The actions a list offers per state, as (action, button text), in the order shown.
 LIST_ACTIONS = {
     "delayed": [("run-now", "Run now"), ("reschedule", "Reschedule"), ("cancel", "Cancel")],
+    "limited": [("cancel", "Cancel")],
     "inflight": [],
     "dead": [("requeue", "Requeue"), ("purge", "Purge")],
 }
@@ -41,6 +42,7 @@ def overview_page() -> str:
     rd = dashboard().rd
     status = admin.status(rd.depot)
     counts = {state: status[state] for state in STATE_TITLES}
+    counts["delayed"] -= status["limited"]  # each tab counts what its list shows (status counts them as delayed)
     return render_template(
         "overview.html",
         status=status,
