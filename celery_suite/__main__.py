@@ -144,11 +144,11 @@ def main(argv: list[str] | None = None) -> int:
         for mode in modes:
             server.client().flushall()
             results[mode] = run_mode(folder, files, server, mode, args.select, deselect)
+            if args.json is not None:  # after each mode: a long run stopped half way keeps what it measured
+                data = {mode: {"seconds": r["seconds"], "outcomes": r["outcomes"]} for mode, r in results.items()}
+                args.json.write_text(json.dumps({"celery": celery_version, "modes": data}, indent=1))
     comparison = compare({mode: result["outcomes"] for mode, result in results.items()}, DIFFERENCES)
     print(report(comparison, results, modes))
-    if args.json is not None:
-        data = {mode: {"seconds": r["seconds"], "outcomes": r["outcomes"]} for mode, r in results.items()}
-        args.json.write_text(json.dumps({"celery": celery_version, "modes": data}, indent=1))
     return 0 if comparison.ok else 1
 
 
