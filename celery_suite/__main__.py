@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             server.client().flushall()
             results[mode] = run_mode(folder, files, server, mode, args.select, deselect)
             if args.json is not None:  # after each mode: a long run stopped half way keeps what it measured
-                data = {mode: {"seconds": r["seconds"], "outcomes": r["outcomes"]} for mode, r in results.items()}
+                data = {mode: {key: r[key] for key in ("seconds", "outcomes", "output")} for mode, r in results.items()}
                 args.json.write_text(json.dumps({"celery": celery_version, "modes": data}, indent=1))
     comparison = compare({mode: result["outcomes"] for mode, result in results.items()}, DIFFERENCES)
     print(report(comparison, results, modes))
