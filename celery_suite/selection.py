@@ -19,13 +19,15 @@ INTEGRATION = "t/integration"
 DEFAULT_FILES = (f"{INTEGRATION}/test_tasks.py", f"{INTEGRATION}/test_canvas.py")
 QUICK_FILES = (f"{INTEGRATION}/test_tasks.py",)
 
-#: ``--full``: the files of Celery 5.7.0's ``t/integration`` that run on a Redis broker and a Redis backend.
+#: ``--full``: the files of Celery 5.7.0's ``t/integration`` that run on a Redis broker and a Redis backend, in the
+#: order ``pytest t/integration`` takes them (Celery's CI), which some need: test_backend_leak_in_fixture_teardown.py
+#: stops its workers by Celery's process-wide ``should_terminate``, which ends the session worker too if it runs.
 FULL_FILES = (
-    *DEFAULT_FILES,
     # Its worker fixture cycles make TestApp apps (the suite's mode applies) on the Redis result backend; their
     # broker is TestApp's memory://, as in Celery's own Redis run. It checks their backend connections are freed.
     f"{INTEGRATION}/test_backend_leak_in_fixture_teardown.py",
     f"{INTEGRATION}/test_beat.py",  # beat's scheduler sends the tests' tasks to the session worker
+    f"{INTEGRATION}/test_canvas.py",
     f"{INTEGRATION}/test_connection_recovery.py",  # a half-open connection to the Redis broker (TEST_BROKER)
     f"{INTEGRATION}/test_group_chains.py",  # groups and chords on the Redis result backend
     f"{INTEGRATION}/test_inspect.py",  # remote control of the session worker over the Redis broker
@@ -33,6 +35,7 @@ FULL_FILES = (
     f"{INTEGRATION}/test_redis_backend.py",  # the Redis result backend: pub/sub, chords, expiry
     f"{INTEGRATION}/test_security.py",  # the auth serializer on the session worker
     f"{INTEGRATION}/test_serialization.py",  # `celery worker` processes on the app's broker and backend
+    f"{INTEGRATION}/test_tasks.py",
     f"{INTEGRATION}/test_worker.py",  # the session worker's pidbox; a worker on TEST_BROKER (less NOT_REDIS_TESTS)
 )
 

@@ -133,6 +133,7 @@ def test_full_runs_every_file_it_names_and_says_why_of_each_it_leaves_out() -> N
     assert all(reason.strip() for reason in [*selection.NOT_REDIS.values(), *selection.NOT_REDIS_TESTS.values()])
     assert all(test.split("::")[0] in full for test in selection.NOT_REDIS_TESTS), "a test of a file it runs"
     assert len(selection.FULL_FILES) == len(full), "no file twice"
+    assert list(selection.FULL_FILES) == sorted(full), "in the order of pytest t/integration, as Celery's CI"
 
 
 def test_full_takes_the_files_of_an_sdist_that_has_exactly_those_it_decided(tmp_path: Path) -> None:
