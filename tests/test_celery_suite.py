@@ -97,6 +97,7 @@ def test_an_app_of_the_tests_on_a_broker_not_redis_keeps_its_calls_in_the_suites
     try:
         assert on_memory.conf.broker_url == "memory://"
         assert on_memory.conf.redisdelay_url == f"{redis_server.url}/0"
+        assert on_memory.conf.redisdelay_key_prefix != on_redis.conf.redisdelay_key_prefix, "apart from the others"
         assert "redisdelay_url" not in on_redis.conf or not on_redis.conf.redisdelay_url, "its store: its broker's"
 
         @on_memory.task(name="suite.later", shared=False)
