@@ -87,6 +87,10 @@ class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Cele
             self.releaser.stop()
             self.thread.join(self.releaser.longest_sleep + 5)
 
+    # A cold stop too (Celery's in-process test worker stops that way): a releaser left running would release
+    # calls for a worker that is gone.
+    terminate = stop
+
 
 def make_revokes_durable() -> None:
     """Wrap the worker's ``revoke`` remote-control command (once per process): after Celery's own

@@ -4,6 +4,8 @@ Usage::
 
     python -m celery_suite                          # test_tasks.py and test_canvas.py, every mode
     python -m celery_suite --quick                  # test_tasks.py only
+    python -m celery_suite --full                   # every file of t/integration on a Redis broker and backend
+    python -m celery_suite --files t/integration/test_beat.py --modes plain,delayed
     python -m celery_suite --ci                     # the tests about delays, events, results (CI runs this)
     python -m celery_suite --modes plain,all-tasks -k chord
     python -m celery_suite --json /tmp/suite.json   # the outcomes, test by test
@@ -34,9 +36,9 @@ from .differences import DIFFERENCES
 from .modes import ENV_MODE, MODES
 from .outcomes import PASSED, Comparison, compare, read
 from .sdist import ROOT, installed_celery, unpacked
+from .selection import DEFAULT_FILES, NOT_REDIS, NOT_REDIS_TESTS, QUICK_FILES, full_files
 
-FILES = ("t/integration/test_tasks.py", "t/integration/test_canvas.py")
-QUICK_FILES = ("t/integration/test_tasks.py",)
+FILES = DEFAULT_FILES
 #: What fits CI's budget (``--ci``): the tests of test_tasks.py about delays, retries, expiry, revokes and
 #: results (each mode about a minute here, against four for all of test_tasks.py), the two of them that look for
 #: the Redis result backend's subscription right after a call (``asyncresult``), and two that once failed only
@@ -49,7 +51,12 @@ CI_SELECTION = (
 
 
 def run_mode(
-    folder: Path, files: tuple[str, ...], server: RedisServer, mode: str, select: str | None
+    folder: Path,
+    files: tuple[str, ...],
+    server: RedisServer,
+    mode: str,
+    select: str | None,
+    deselect: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Run Celery's ``files`` in ``mode``: the outcome of each test, and how long it took."""
     with tempfile.TemporaryDirectory(prefix="celery-suite-") as scratch:
@@ -58,6 +65,8 @@ def run_mode(
         command += ["-o", "addopts=--strict-markers", "--junitxml", str(junit), "-W", "ignore::DeprecationWarning"]
         if select:
             command += ["-k", select]
+        for test in deselect:
+            command += ["--deselect", test]
         env = {
             **os.environ,
             ENV_MODE: mode,
@@ -67,6 +76,8 @@ def run_mode(
             "REDIS_PORT": str(server.port),
             # The plugin and the package from this checkout; Celery's tests (``t``) from the sdist.
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(folder)]),
+            # Some tests start `celery` processes: this Python's (test_serialization.py).
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         }
         started = time.monotonic()
         done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, check=False)
@@ -101,7 +112,12 @@ def report(comparison: Comparison, results: dict[str, dict[str, Any]], modes: li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m celery_suite", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
-    parser.add_argument("--quick", action="store_true", help="test_tasks.py only")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--quick", action="store_true", help="test_tasks.py only")
+    which.add_argument(
+        "--full", action="store_true", help="every file of t/integration that runs on a Redis broker and backend"
+    )
+    which.add_argument("--files", default=None, help="comma-separated paths of t/integration files, to run those")
     parser.add_argument("--ci", action="store_true", help="what fits CI: the tests about delays, events, results")
     parser.add_argument("-k", dest="select", default=None, help="pytest's -k, to run some tests")
     parser.add_argument("--json", type=Path, default=None, help="write the outcomes here")
@@ -113,18 +129,26 @@ def main(argv: list[str] | None = None) -> int:
     folder = unpacked(celery_version)
     if args.ci:
         args.select = args.select or CI_SELECTION
-    files = QUICK_FILES if args.quick else FILES
+    files: tuple[str, ...] = QUICK_FILES if args.quick else FILES
+    deselect: tuple[str, ...] = ()
+    if args.full:
+        files, deselect = full_files(folder), tuple(NOT_REDIS_TESTS)
+        for path, reason in {**NOT_REDIS, **NOT_REDIS_TESTS}.items():
+            print(f"celery-suite: --full leaves out {path}: {reason}", flush=True)
+    elif args.files:
+        files = tuple(path.strip() for path in args.files.split(",") if path.strip())
+        deselect = tuple(test for test in NOT_REDIS_TESTS if test.split("::")[0] in files)
     print(f"celery-suite: Celery {celery_version}'s {', '.join(files)} from {folder}", flush=True)
     results: dict[str, dict[str, Any]] = {}
     with RedisServer() as server:
         for mode in modes:
             server.client().flushall()
-            results[mode] = run_mode(folder, files, server, mode, args.select)
+            results[mode] = run_mode(folder, files, server, mode, args.select, deselect)
+            if args.json is not None:  # after each mode: a long run stopped half way keeps what it measured
+                data = {mode: {key: r[key] for key in ("seconds", "outcomes", "output")} for mode, r in results.items()}
+                args.json.write_text(json.dumps({"celery": celery_version, "modes": data}, indent=1))
     comparison = compare({mode: result["outcomes"] for mode, result in results.items()}, DIFFERENCES)
     print(report(comparison, results, modes))
-    if args.json is not None:
-        data = {mode: {"seconds": r["seconds"], "outcomes": r["outcomes"]} for mode, r in results.items()}
-        args.json.write_text(json.dumps({"celery": celery_version, "modes": data}, indent=1))
     return 0 if comparison.ok else 1
 
 

@@ -7,6 +7,7 @@ The tick is called by the test instead of beat: a call parks, the tick releases 
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -58,3 +59,18 @@ def test_a_call_waits_until_it_is_due(delayed_app: tuple[Any, RedisDelay, Any]) 
     later = add.apply_async((1, 1), countdown=3600)
     assert rd.tick()["released"] == 0
     assert later.state == "PENDING" and rd.find(later.id).state == "delayed"  # type: ignore[union-attr]
+
+
+def test_the_precise_releaser_of_an_in_process_worker_stops_with_it(make_app: Any) -> None:
+    """Celery's in-process worker stops cold (``start_worker`` ends it by ``should_terminate``): its releaser
+    thread ends with it, and does not go on releasing calls for a worker that is gone."""
+    app, _ = make_app(redisdelay_precise_release=True)
+    before = set(threading.enumerate())
+    with start_worker(app, pool="solo", perform_ping_check=False, shutdown_timeout=10):
+        wait_for(
+            lambda: any(t.name == "redisdelay-releaser" for t in set(threading.enumerate()) - before),
+            10,
+            "the worker's releaser thread",
+        )
+        releasers = [t for t in set(threading.enumerate()) - before if t.name == "redisdelay-releaser"]
+    wait_for(lambda: not any(t.is_alive() for t in releasers), 15, "the releaser thread to end with its worker")

@@ -5,9 +5,11 @@ byte as the same call built by Celery."""
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import threading
 import uuid
+import weakref
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, signals
+from celery.contrib.testing.app import setup_default_app
 from celery.utils.saferepr import saferepr
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -325,3 +328,21 @@ def test_calls_whose_options_differ_each_time_make_no_template(rd: RedisDelay) -
         traced.apply_async(countdown=60, headers={"trace": str(n)})
     assert not rd.templates._made
     assert kombu_json.dumps(PLAIN_EMBED) == '{"callbacks": null, "errbacks": null, "chain": null, "chord": null}'
+
+
+def test_the_choice_of_a_template_keeps_no_result_backend_alive(make_app: MakeApp, redis_server: Any) -> None:
+    """Celery's test fixtures drop an app's result backend when they are done with it, so its connections go
+    (Celery's test_backend_leak_in_fixture_teardown.py); what the extension remembers to choose a template must
+    not keep it, nor its sockets, alive."""
+    app, rd = make_app(result_backend=f"{redis_server.url}/6")
+
+    @rd.delayed(name="tests.templates.kept_backend")
+    def kept_backend() -> None: ...
+
+    with setup_default_app(app):  # clears the app's backend on the way out, as Celery's fixtures do
+        for _ in range(3):
+            kept_backend.apply_async(countdown=60)
+        assert rd.templates._made, "the calls went the way of a kept template"
+        backend = weakref.ref(app.backend)
+    gc.collect()
+    assert backend() is None, "nothing of the extension's holds the backend the app let go"

@@ -4,7 +4,7 @@ bounded cache of them. See :mod:`celery_redisdelay.producer.templates` for what 
 
 from __future__ import annotations
 
-import functools
+import weakref
 from typing import Any, NamedTuple
 
 from celery import Task, signals
@@ -78,8 +78,22 @@ def template_key(task: Any, via: str, options: dict[str, Any], limits: Limits, e
     return TemplateKey(task.name, via, tuple(sorted(fixed)), tuple(sorted(limits.items())), eta)
 
 
-@functools.lru_cache(maxsize=64)
+#: task -> (its router, its backend, whether they allow a kept template), by weak reference: a cache that held
+#: them would keep apps that are done with, their result backends and those backends' sockets alive.
+_ALLOWS: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], weakref.ref[Any], bool]] = weakref.WeakKeyDictionary()
+
+
 def _task_allows(task: Any, router: Any, backend: Any) -> bool:
+    """:func:`_allows`, remembered per task for as long as the task, its router and its backend live."""
+    known = _ALLOWS.get(task)
+    if known is not None and known[0]() is router and known[1]() is backend:
+        return known[2]
+    allows = _allows(task, router, backend)
+    _ALLOWS[task] = (weakref.ref(router), weakref.ref(backend), allows)
+    return allows
+
+
+def _allows(task: Any, router: Any, backend: Any) -> bool:
     """What of a task, its app's router and its result backend allows a kept template: no shadow name or
     argument conversion of the task's own; routers that route by the task's name alone (mappings, not
     functions that may look at the arguments); a backend whose ``on_task_call`` does nothing, or is the
