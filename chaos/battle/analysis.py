@@ -226,6 +226,7 @@ class Outcome:
         runs_unsent = sorted(unit for unit in self.ends if unit not in self.sends)
         lost_parked = [row for row in lost if row["path"] == PARKED]
         worker_kills = sum(fault["kind"] == "worker_kill" for fault in self.faults)
+        recovery, pooled = self.recovery()
         return {
             "sent": len(self.sends),
             "sent_by_kind": dict(sorted(by_kind.items())),
@@ -261,14 +262,16 @@ class Outcome:
                 "duplicated": round(len(duplicates) / worker_kills, 3) if worker_kills else None,
                 "late": round(late_count / worker_kills, 3) if worker_kills else None,
             },
-            "recovery": self.recovery(),
+            "recovery": recovery,
+            "recovery_pooled": pooled,
         }
 
     # -- recovery ---------------------------------------------------------------------------------
 
-    def recovery(self) -> list[dict[str, Any]]:
+    def recovery(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
         """Per fault: the runs it cut short (a worker fault; for a fault of Redis, the runs under way on any
-        worker that never ended) and the calls due while it lasted, and how long until each started again."""
+        worker that never ended), the messages a killed worker had received and not run, and the calls due while
+        it lasted, and how long until each started again; and those waits pooled by kind of fault and path."""
         ended = {(end["u"], end["w"], end["s"]) for ends in self.ends.values() for end in ends}
         open_runs = sorted(
             (start["t"], unit, worker_name(start["w"]))
@@ -288,6 +291,7 @@ class Outcome:
         dues = sorted((float(send["d"]), unit) for unit, send in self.sends.items())
         due_moments = [row[0] for row in dues]
         rows = []
+        pooled: dict[tuple[str, str], list[float]] = defaultdict(list)
         for fault in self.faults:
             wall = float(fault["wall"])
             back = float(fault.get("recovery_seconds") or 0.0)
@@ -311,10 +315,14 @@ class Outcome:
                 for due, unit in dues[low:high]:
                     affected.setdefault(unit, due)
             waits, not_again = [], 0
+            by_path: dict[str, list[float]] = defaultdict(list)
             for unit, since in affected.items():
                 later = [start["t"] for start in self.starts.get(unit, []) if start["t"] > since]
                 if later:
                     waits.append(min(later) - since)
+                    path = str(self.sends[unit]["c"]) if unit in self.sends else "?"
+                    by_path[path].append(min(later) - since)
+                    pooled[(fault["kind"], path)].append(min(later) - since)
                 else:
                     not_again += 1
             summary = quantiles(waits)
@@ -330,6 +338,7 @@ class Outcome:
                     "median_s": round(median(waits), 3) if waits else None,
                     "max_s": summary["max"],
                     "not_run_again": not_again,
+                    "by_path": {path: quantiles(values) for path, values in sorted(by_path.items())},
                 }
             )
-        return rows
+        return rows, {f"{kind} {path}": quantiles(values) for (kind, path), values in sorted(pooled.items())}

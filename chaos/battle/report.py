@@ -224,6 +224,10 @@ def table(data: dict[str, Any]) -> str:
             f"{row['cut_short']:>5}  {row['held']:>5}  {median:>7}  "
             f"{longest:>7}  {row['not_run_again']:>9}  {row['target']}"
         )
+    pooled = outcome.get("recovery_pooled") or {}
+    if pooled:
+        lines.append("  waits pooled by fault and path (from the fault, or the due time if later, to the next start):")
+        lines += [f"    {name:<32} {_q(values)}" for name, values in pooled.items()]
     skipped = [fault for fault in data["faults"]["list"] if not fault["injected"]]
     if skipped:
         lines.append(
