@@ -129,7 +129,8 @@ class Outcome:
                     f"{hit['elapsed']}s, never started"
                 )
         due = max(float(send["d"]), sent)
-        after = [fault for fault in self.faults if fault["wall"] >= sent]
+        # A send under way when a fault hit was acknowledged after it: faults from just before the send on.
+        after = [fault for fault in self.faults if fault["wall"] >= min(sent, float(send["d"])) - 0.5]
         if after:
             fault = after[0]
             return "fault", (
@@ -288,10 +289,16 @@ class Outcome:
             for row in receipts:
                 received_by[worker_name(row["w"])].append((row["t"], unit))
         first_end = {unit: min(end["e"] for end in ends) for unit, ends in self.ends.items() if ends}
+        started_on: dict[tuple[str, str], float] = {}  # (unit, worker) -> its first start there
+        for unit, starts in self.starts.items():
+            for start in starts:
+                key = (unit, worker_name(start["w"]))
+                started_on[key] = min(started_on.get(key, start["t"]), start["t"])
         dues = sorted((float(send["d"]), unit) for unit, send in self.sends.items())
         due_moments = [row[0] for row in dues]
         rows = []
         pooled: dict[tuple[str, str], list[float]] = defaultdict(list)
+        worst: dict[tuple[str, str], tuple[str, float]] = {}
         for fault in self.faults:
             wall = float(fault["wall"])
             back = float(fault.get("recovery_seconds") or 0.0)
@@ -304,7 +311,12 @@ class Outcome:
                         affected[unit] = wall
                         cut += 1
                 for moment, unit in received_by.get(name, []):
-                    if moment <= wall and unit not in affected and first_end.get(unit, wall + 1) > wall:
+                    if (
+                        moment <= wall
+                        and unit not in affected
+                        and first_end.get(unit, wall + 1) > wall
+                        and started_on.get((unit, name), wall + 1) > wall  # not running then (a warm stop ends it)
+                    ):
                         affected[unit] = max(wall, float(self.sends[unit]["d"]) if unit in self.sends else wall)
                         held += 1
             else:
@@ -323,6 +335,8 @@ class Outcome:
                     path = str(self.sends[unit]["c"]) if unit in self.sends else "?"
                     by_path[path].append(min(later) - since)
                     pooled[(fault["kind"], path)].append(min(later) - since)
+                    if min(later) - since > worst.get((fault["kind"], path), ("", -1.0))[1]:
+                        worst[(fault["kind"], path)] = (unit, min(later) - since)
                 else:
                     not_again += 1
             summary = quantiles(waits)
@@ -341,4 +355,7 @@ class Outcome:
                     "by_path": {path: quantiles(values) for path, values in sorted(by_path.items())},
                 }
             )
-        return rows, {f"{kind} {path}": quantiles(values) for (kind, path), values in sorted(pooled.items())}
+        return rows, {
+            f"{kind} {path}": {**quantiles(values), "worst_unit": worst[(kind, path)][0]}
+            for (kind, path), values in sorted(pooled.items())
+        }

@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, data)
     say(f"report written to {args.json}")
     if keep:
-        say(f"logs kept in {run_dir}")
+        ledger = {"sends": sends, "received": received, "starts": starts, "ends": ends, "cancels": cancels}
+        write_json(run_dir / "ledger.json", ledger)
+        say(f"logs and the ledger (ledger.json) kept in {run_dir}")
     else:
         shutil.rmtree(run_dir, ignore_errors=True)
     return 0 if data["ok"] else 1

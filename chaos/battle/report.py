@@ -227,7 +227,9 @@ def table(data: dict[str, Any]) -> str:
     pooled = outcome.get("recovery_pooled") or {}
     if pooled:
         lines.append("  waits pooled by fault and path (from the fault, or the due time if later, to the next start):")
-        lines += [f"    {name:<32} {_q(values)}" for name, values in pooled.items()]
+        lines += [
+            f"    {name:<32} {_q(values)}, longest: unit {values['worst_unit']}" for name, values in pooled.items()
+        ]
     skipped = [fault for fault in data["faults"]["list"] if not fault["injected"]]
     if skipped:
         lines.append(
