@@ -288,6 +288,7 @@ class Outcome:
         for unit, receipts in self.received.items():
             for row in receipts:
                 received_by[worker_name(row["w"])].append((row["t"], unit))
+        killed = {target_name(fault) for fault in self.faults if fault["kind"] in WORKER_FAULTS}
         first_end = {unit: min(end["e"] for end in ends) for unit, ends in self.ends.items() if ends}
         started_on: dict[tuple[str, str], float] = {}  # (unit, worker) -> its first start there
         for unit, starts in self.starts.items():
@@ -314,6 +315,7 @@ class Outcome:
                     if (
                         moment <= wall
                         and unit not in affected
+                        and self.sends.get(unit, {}).get("k") != "lock"  # a locked call's receipts include deferrals
                         and first_end.get(unit, wall + 1) > wall
                         and started_on.get((unit, name), wall + 1) > wall  # not running then (a warm stop ends it)
                     ):
@@ -321,8 +323,9 @@ class Outcome:
                         held += 1
             else:
                 low, high = bisect_left(open_moments, wall - 5.0), bisect_right(open_moments, wall)
-                for _, unit, _ in open_runs[low:high]:
-                    affected[unit] = wall
+                for _, unit, name in open_runs[low:high] if fault["kind"] in REDIS_FAULTS else []:
+                    if name not in killed:  # a run a worker fault cut short is that fault's
+                        affected[unit] = wall
                 low, high = bisect_left(due_moments, wall), bisect_right(due_moments, wall + back)
                 for due, unit in dues[low:high]:
                     affected.setdefault(unit, due)
@@ -332,7 +335,7 @@ class Outcome:
                 later = [start["t"] for start in self.starts.get(unit, []) if start["t"] > since]
                 if later:
                     waits.append(min(later) - since)
-                    path = str(self.sends[unit]["c"]) if unit in self.sends else "?"
+                    path = lateness_group(self.sends[unit]) if unit in self.sends else "?"
                     by_path[path].append(min(later) - since)
                     pooled[(fault["kind"], path)].append(min(later) - since)
                     if min(later) - since > worst.get((fault["kind"], path), ("", -1.0))[1]:
