@@ -13,6 +13,9 @@ python3 dev.py docs     the manual (Sphinx, warnings as errors) into docs/_build
 python3 dev.py celery-suite [--quick] [--modes plain,delayed,all-tasks] [-k EXPR]
                         Celery's own integration tests (test_tasks.py, test_canvas.py, from the sdist of the
                         installed Celery) without the extension and with it, compared test by test
+python3 dev.py battle [--minutes 3] [--rate 100] [--plain] [--server redis|valkey] [--seed N] ...
+                        the chaos runner's battle: an app in redisdelay_all_tasks mode under worker, beat,
+                        releaser and Redis kills, every send and run in a ledger (``--help``, chaos/battle/)
 python3 dev.py wheel-demo
                         build the sdist and the wheel (dist/), install the wheel alone in a clean venv
                         and run the demo with it, from a folder that holds no copy of the package
@@ -143,7 +146,7 @@ def versions(python: Path) -> str:
 
 def main(argv: list[str]) -> int:
     command, rest = (argv[0], argv[1:]) if argv else ("help", [])
-    if command not in {"demo", "test", "test-lowest", "lint", "bench", "wheel-demo", "celery-suite", "docs"}:
+    if command not in {"demo", "test", "test-lowest", "lint", "bench", "battle", "wheel-demo", "celery-suite", "docs"}:
         print(__doc__)
         return 0 if command in {"help", "-h", "--help"} else 2
     if command == "test-lowest":
@@ -157,6 +160,8 @@ def main(argv: list[str]) -> int:
         return run(python, "-m", "pytest", *parallel(rest), *rest)
     if command == "bench":
         return run(python, "-m", "bench", *rest)
+    if command == "battle":
+        return run(python, "-m", "chaos", "--battle", *rest)
     if command == "docs":
         out = str(ROOT / "docs" / "_build" / "html")
         return run(python, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"), out, *rest)

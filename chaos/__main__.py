@@ -10,6 +10,8 @@ Usage::
     python -m chaos --sentinel --redis-kills 3 ...                          # master SIGKILL, Sentinel failover
     python -m chaos --soak 10 --broker-apart                                # 10 minutes of steady load
     python -m chaos --seed 7 --json /tmp/chaos.json    # the same fault plan again, the report there
+    python -m chaos --battle --minutes 3 --rate 100         # the battle: an adopting app beside plain Celery
+                                                            # (chaos/battle/__init__.py has its options)
 
 One command does everything. It starts its Redis (``chaos/topology.py``: one redis-server, the broker
 on a second one with ``--broker-apart``, or a master, its replica and three sentinels with
@@ -196,6 +198,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--battle" in argv:  # the battle profile (issue 33): chaos/battle/__init__.py
+        from .battle.main import main as battle
+
+        return battle([arg for arg in argv if arg != "--battle"])
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # finally blocks stop what it started
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)

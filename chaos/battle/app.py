@@ -1,0 +1,209 @@
+"""The battle's Celery app, in the runner and in every worker, beat and releaser it starts.
+
+Plain ``@app.task`` tasks, as a project has them; with the extension (unless ``REDISDELAY_BATTLE_PLAIN`` is
+``1``) the app sets ``redisdelay_all_tasks``, so their delayed calls and ``self.retry(countdown=...)`` are
+parked, and two tasks use what only the extension offers: a keyed batch (``@rd.batched``) and a task under
+a lock (``@rd.delayed(lock=...)``). Each task writes to the ledger, a redis-server of its own that no fault
+touches: the start of every run, and its end (after the body, before Celery acknowledges it).
+
+Configured from the environment (``chaos/battle/config.py``): the store's and broker's URL, the ledger's,
+kombu's ``visibility_timeout`` (``redisdelay_queue_timeout`` is twice it), ``redisdelay_lease``, the batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import redis
+from celery import Celery, signals
+from celery.exceptions import Retry
+from kombu import Exchange, Queue
+
+from celery_redisdelay import RedisDelay
+
+from .config import (
+    BATCH_TASK,
+    DONE,
+    ENDS,
+    ENV_BATCH,
+    ENV_LEASE,
+    ENV_LEDGER_URL,
+    ENV_PLAIN,
+    ENV_URL,
+    ENV_VISIBILITY,
+    KEY_PREFIX,
+    LOCK_RETRY,
+    LOCK_TIMEOUT,
+    LOCKED_TASK,
+    QUEUE,
+    READY,
+    RECEIVED,
+    RETRY_TASK,
+    SENT,
+    STARTS,
+    TICK_QUEUE,
+    WORK_TASK,
+)
+
+URL = os.environ.get(ENV_URL, "redis://127.0.0.1:6379/0")
+LEDGER_URL = os.environ.get(ENV_LEDGER_URL, "redis://127.0.0.1:6380/0")
+PLAIN = os.environ.get(ENV_PLAIN) == "1"
+VISIBILITY_TIMEOUT = float(os.environ.get(ENV_VISIBILITY) or 3600)
+BATCH_SIZE, BATCH_MAX_WAIT = (float(part) for part in (os.environ.get(ENV_BATCH) or "10,5").split(","))
+
+app = Celery("battle", broker=URL, set_as_current=True)
+app.conf.update(
+    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+    task_default_queue=QUEUE,
+    task_queues=[Queue(name, Exchange(name), routing_key=name) for name in (QUEUE, TICK_QUEUE)],
+    task_routes={"redisdelay.tick": {"queue": TICK_QUEUE}},  # the README's advice: the tick on its own queue
+    task_ignore_result=True,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,  # keep reconnecting across Redis restarts
+)
+
+ledger = redis.Redis.from_url(LEDGER_URL, socket_timeout=30)
+
+
+def note(key: str, **record: Any) -> None:
+    ledger.rpush(key, json.dumps(record, separators=(",", ":")))
+
+
+def started(request: Any, unit: str) -> float:
+    began = time.time()
+    note(STARTS, u=unit, t=round(began, 4), w=str(request.hostname), p=os.getpid())
+    return began
+
+
+def ended(request: Any, unit: str, began: float) -> None:
+    record = {
+        "u": unit,
+        "s": round(began, 4),
+        "e": round(time.time(), 4),
+        "w": str(request.hostname),
+        "p": os.getpid(),
+        "tag": str(getattr(request, "delivery_tag", None) or ""),
+        "rd": bool((request.delivery_info or {}).get("redelivered")),
+    }
+    pipe = ledger.pipeline(transaction=False)
+    pipe.rpush(ENDS, json.dumps(record, separators=(",", ":")))
+    pipe.sadd(DONE, unit)
+    pipe.execute()
+
+
+@app.task(name=WORK_TASK, bind=True)  # type: ignore[untyped-decorator]
+def work(self: Any, n: int, sleep: float = 0.0) -> None:
+    """A call: due now or with a countdown, sleeping ``sleep`` seconds or not."""
+    unit = f"{n}.0"
+    began = started(self.request, unit)
+    if sleep:
+        time.sleep(sleep)
+    ended(self.request, unit, began)
+
+
+@app.task(name=RETRY_TASK, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
+def retrying(self: Any, n: int, countdown: float, retries: int) -> None:
+    """A call that retries itself ``retries`` times, each ``countdown`` seconds later (``self.retry``)."""
+    attempt = int(self.request.retries)
+    unit = f"{n}.{attempt}"
+    began = started(self.request, unit)
+    ended(self.request, unit, began)
+    if attempt < retries:
+        due = time.time() + countdown
+        try:
+            self.retry(eta=datetime.fromtimestamp(due, tz=UTC))
+        except Retry:
+            # The retry is sent (parked, or published with its eta): the ledger has its send now.
+            record = {
+                "k": "retry",
+                "d": round(due, 4),
+                "t": round(time.time(), 4),
+                "id": str(self.request.id),
+                "c": "celery-eta" if PLAIN else "parked",
+            }
+            ledger.hset(SENT, f"{n}.{attempt + 1}", json.dumps(record, separators=(",", ":")))
+            raise
+
+
+rd: RedisDelay | None = None
+if not PLAIN:
+    app.conf.update(
+        redisdelay_all_tasks=True,
+        redisdelay_url=URL,
+        redisdelay_key_prefix=KEY_PREFIX,
+        # A message a worker popped and died with before kombu noted it comes back after this (the default
+        # is twice kombu's visibility timeout and at least 2 hours): outlast kombu's own restore.
+        redisdelay_queue_timeout=2 * VISIBILITY_TIMEOUT,
+    )
+    if os.environ.get(ENV_LEASE):
+        lease = float(os.environ[ENV_LEASE])
+        app.conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
+    rd = extension = RedisDelay(app)
+
+    @extension.delayed(
+        name=LOCKED_TASK, bind=True, lock="battle:{slot}", lock_timeout=LOCK_TIMEOUT, lock_retry=LOCK_RETRY
+    )
+    def locked(self: Any, n: int, slot: int, sleep: float) -> None:
+        """A call under one of a few locks: a call that finds its lock busy is deferred, not run."""
+        unit = f"{n}.0"
+        began = started(self.request, unit)
+        time.sleep(sleep)
+        ended(self.request, unit, began)
+
+    @extension.batched(name=BATCH_TASK, bind=True, size=int(BATCH_SIZE), max_wait=BATCH_MAX_WAIT)
+    def batch(self: Any, key: str, items: list[dict[str, Any]]) -> None:
+        """A keyed batch: every item is a unit of the ledger."""
+        units = [f"{int(item['n'])}.0" for item in items]
+        began = time.time()
+        for unit in units:
+            note(STARTS, u=unit, t=round(began, 4), w=str(self.request.hostname), p=os.getpid())
+        for unit in units:
+            ended(self.request, unit, began)
+
+
+def units_of(name: str | None, args: Any, retries: int) -> list[str]:
+    """The ledger's units a message of the battle carries."""
+    if not args:
+        return []
+    if name == BATCH_TASK:
+        return [f"{int(item['n'])}.0" for item in (args[1] if len(args) > 1 else [])]
+    if name == RETRY_TASK:
+        return [f"{int(args[0])}.{retries}"]
+    if name in (WORK_TASK, LOCKED_TASK):
+        return [f"{int(args[0])}.0"]
+    return []
+
+
+def _received(request: Any = None, **_: Any) -> None:
+    """A message the worker received (prefetched): where a call was when its worker was killed."""
+    try:
+        retries = int((getattr(request, "request_dict", None) or {}).get("retries") or 0)
+        units = units_of(getattr(request, "name", None), getattr(request, "args", None), retries)
+    except (TypeError, ValueError, KeyError, IndexError):
+        return
+    if units:
+        moment, hostname = round(time.time(), 4), str(getattr(request, "hostname", ""))
+        ledger.rpush(RECEIVED, *(json.dumps({"u": unit, "t": moment, "w": hostname}) for unit in units))
+
+
+def _quiet(**_: Any) -> None:
+    # A line per task received and succeeded is most of a busy worker's work on two cores: keep warnings.
+    for name in ("celery.app.trace", "celery.worker.strategy", "celery.worker.request"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _ready(sender: Any = None, **_: Any) -> None:
+    hostname = getattr(sender, "hostname", None)
+    if hostname:
+        ledger.hset(READY, str(hostname), round(time.time(), 4))
+
+
+signals.after_setup_logger.connect(_quiet, weak=False)
+signals.worker_ready.connect(_ready, weak=False)
+signals.task_received.connect(_received, weak=False)

@@ -1,0 +1,42 @@
+"""Names and settings shared by the battle's runner and its app; importing this module starts nothing.
+
+(``chaos.battle.app`` builds the Celery app from the environment when it is imported, so the runner
+imports it only once it has set these variables.)
+"""
+
+from __future__ import annotations
+
+#: The store's and the broker's URL (one redis-server, as an adopting user runs it).
+ENV_URL = "REDISDELAY_BATTLE_URL"
+#: The ledger's URL: a redis-server of its own, never faulted.
+ENV_LEDGER_URL = "REDISDELAY_BATTLE_LEDGER_URL"
+#: ``1``: plain Celery, no extension (the twin run).
+ENV_PLAIN = "REDISDELAY_BATTLE_PLAIN"
+#: kombu's ``visibility_timeout`` in seconds (``redisdelay_queue_timeout`` is twice it).
+ENV_VISIBILITY = "REDISDELAY_BATTLE_VISIBILITY_TIMEOUT"
+#: ``redisdelay_lease`` in seconds (its renewal a third of it); empty: the package's default.
+ENV_LEASE = "REDISDELAY_BATTLE_LEASE"
+#: The size of a keyed batch and the most its first item waits, ``size,max_wait``.
+ENV_BATCH = "REDISDELAY_BATTLE_BATCH"
+
+KEY_PREFIX = "battle"
+QUEUE = "battle"
+TICK_QUEUE = "battle-tick"
+
+WORK_TASK = "battle.work"
+RETRY_TASK = "battle.retrying"
+LOCKED_TASK = "battle.locked"
+BATCH_TASK = "battle.batch"
+
+#: The ledger's keys: sends (hash unit -> JSON), starts and ends of runs (lists of JSON), cancels (hash).
+SENT = "sent"
+STARTS = "starts"
+ENDS = "ends"
+CANCELS = "cancels"
+RECEIVED = "received"  # list: messages a worker received (prefetched), before their run
+DONE = "done"  # set: the units that ended at least once
+READY = "ready"  # hash: worker hostname -> wall clock it was ready
+
+LOCK_SLOTS = 4
+LOCK_TIMEOUT = 30.0
+LOCK_RETRY = 2.0

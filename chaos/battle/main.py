@@ -1,0 +1,186 @@
+"""``python -m chaos --battle`` / ``python3 dev.py battle``: see ``chaos/battle/__init__.py``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench.provenance import software
+
+from ..cluster import ROOT
+from ..faults import BEAT_KILL, CLIENT_KILL, REDIS_KILL, REDIS_RESTART, RELEASER_KILL, WORKER_KILL
+from ..run import say, seconds_since_start
+from . import __doc__ as usage
+from .analysis import LATE_SECONDS, Outcome
+from .plan import FAULT_KINDS, LONGEST_COUNTDOWN, WORKER_TERM, Mix, fault_counts, parse_shares, schedule
+from .processes import parse_pools
+from .report import keys_left, memory_table, rss_judgement, table, verdict
+
+DEFAULT_JSON = Path(tempfile.gettempdir()) / "redisdelay-battle.json"
+#: Faults per minute, unless given.
+RATES = {
+    WORKER_KILL: 4.0,
+    WORKER_TERM: 0.5,
+    BEAT_KILL: 0.5,
+    RELEASER_KILL: 0.5,
+    REDIS_KILL: 0.1,
+    REDIS_RESTART: 0.0,
+    CLIENT_KILL: 0.5,
+}
+DEBIAN_REDIS = "/usr/bin/redis-server"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m chaos --battle", description=(usage or "").split("\n")[0])
+    size = parser.add_argument_group("size")
+    size.add_argument("--minutes", type=float, default=3.0, help="sending time (3)")
+    size.add_argument("--rate", type=float, default=100.0, help="calls sent a second in all (100)")
+    size.add_argument("--mix", default="", help="shares by kind, e.g. now=0.6,cancel=0 (see plan.py's defaults)")
+    size.add_argument(
+        "--countdown-scale", type=float, default=1.0, help="the longest countdown is 600 s times this (1)"
+    )
+    size.add_argument("--batch-size", type=int, default=10, help="items of a keyed batch (10)")
+    size.add_argument("--batch-wait", type=float, default=5.0, help="a batch's max_wait in s (5)")
+    parser.add_argument("--workers", default="prefork:2,prefork:2,threads:4", help="pool:concurrency per worker")
+    parser.add_argument("--plain", action="store_true", help="plain Celery, no extension (the twin run)")
+    parser.add_argument("--server", default=None, help="redis, valkey, or a server binary (default: as the tests)")
+    faults = parser.add_argument_group("faults per minute")
+    for kind in FAULT_KINDS:
+        option = "--" + kind.replace("_", "-") + "s"
+        faults.add_argument(option, dest=kind, type=float, default=RATES[kind], help=f"({RATES[kind]:g})")
+    parser.add_argument(
+        "--visibility-timeout",
+        type=float,
+        default=None,
+        help="kombu's visibility_timeout (default: the longest countdown + 60 s, so plain Celery does not deliver "
+        "its eta messages again); redisdelay_queue_timeout is twice it",
+    )
+    parser.add_argument("--lease", type=float, default=None, help="redisdelay_lease (the package's 30 s)")
+    parser.add_argument("--late-seconds", type=float, default=LATE_SECONDS, help="late, per SIGKILL: after this")
+    parser.add_argument("--deadline", type=float, default=None, help="give up the drain after this (s)")
+    parser.add_argument(
+        "--settle", type=float, default=15.0, help="end the drain once nothing was left to deliver for this long (15 s)"
+    )
+    parser.add_argument(
+        "--quiet", type=float, default=12.0, help="after the drain, before the keys are listed (12 s: lock wake-ups)"
+    )
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"the report as JSON ({DEFAULT_JSON})")
+    parser.add_argument("--keep-logs", action="store_true")
+    args = parser.parse_args(argv)
+    if args.minutes <= 0 or args.rate <= 0 or args.countdown_scale <= 0:
+        parser.error("--minutes, --rate and --countdown-scale must be positive")
+    try:
+        args.shares = parse_shares(args.mix)
+        args.pools = parse_pools(args.workers)
+    except ValueError as exc:
+        parser.error(str(exc))
+    args.longest_countdown = max(1.0, LONGEST_COUNTDOWN * args.countdown_scale)
+    if args.visibility_timeout is None:
+        args.visibility_timeout = round(args.longest_countdown + 60.0)
+    if args.deadline is None:
+        args.deadline = args.longest_countdown + 2 * args.visibility_timeout + 300.0
+    return args
+
+
+def choose_server(server: str | None) -> None:
+    if server is None:
+        return
+    os.environ["REDISDELAY_REDIS_SERVER"] = DEBIAN_REDIS if server == "redis" else server
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    choose_server(args.server)
+    from .run import Battle  # after the server is chosen
+
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    run_dir = Path(tempfile.mkdtemp(prefix="redisdelay-battle-"))
+    rates = {kind: float(getattr(args, kind)) for kind in FAULT_KINDS}
+    faults = schedule(fault_counts(rates, args.minutes), seed, len(args.pools))
+    battle = Battle(args, seed, run_dir, faults, Mix(seed, args.shares, args.countdown_scale), args.pools)
+    error: str | None = None
+    run: dict[str, Any] = {}
+    server = "?"
+    try:
+        try:
+            battle.start()
+            server = battle.topology.store.version()
+            run = battle.fight()
+        except Exception:  # noqa: BLE001 - reported, and everything is still stopped
+            error = traceback.format_exc()
+            say(f"the battle failed:\n{error}")
+        sends, starts, ends, cancels, received = (
+            battle.read_ledger() if battle.ledger is not None else ({}, [], [], {}, [])
+        )
+        unplanned = battle.cluster.exits if battle.cluster is not None else []
+    finally:
+        battle.stop()
+    say(f"analysing {len(sends):,} sends, {len(received):,} receipts, {len(starts):,} starts, {len(ends):,} ends")
+    fault_rows = [fault.as_dict() for fault in faults]
+    outcome = Outcome(sends, starts, ends, cancels, fault_rows, received).as_dict(late_seconds=args.late_seconds)
+    empty = {"keys": {}, "dbsize": 0, "used_memory": 0}
+    data: dict[str, Any] = {
+        "settings": {
+            "seed": seed,
+            "plain": args.plain,
+            "minutes": args.minutes,
+            "rate": args.rate,
+            "shares": args.shares,
+            "workers": args.workers,
+            "longest_countdown": args.longest_countdown,
+            "visibility_timeout": args.visibility_timeout,
+            "queue_timeout": None if args.plain else 2 * args.visibility_timeout,
+            "lease": args.lease,
+            "batch": [args.batch_size, args.batch_wait],
+            "fault_rates_per_minute": rates,
+        },
+        "server": server,
+        "software": {**software(ROOT), "machine": f"{os.cpu_count()} cores"},
+        "run": {key: value for key, value in run.items() if not key.startswith("keys_")},
+        "outcome": outcome,
+        "keys": keys_left(run.get("keys_start") or empty, run.get("keys_end") or empty),
+        "memory": memory_table(battle.samples),
+        "rss_flat": rss_judgement(battle.samples),
+        "samples": battle.samples,
+        "faults": {
+            "counts": {
+                kind: {
+                    "planned": sum(fault.kind == kind for fault in faults),
+                    "injected": sum(fault.injected for fault in faults if fault.kind == kind),
+                }
+                for kind in FAULT_KINDS
+            },
+            "list": fault_rows,
+        },
+        "send_errors": battle.send_errors,
+        "producer_errors": battle.producer_errors,
+        "unplanned_exits": unplanned,
+        "error": error,
+        "seconds": seconds_since_start(),
+    }
+    data["ok"], data["problems"] = verdict(data)
+    keep = args.keep_logs or not data["ok"]
+    data["logs"] = str(run_dir) if keep else None
+    print()
+    print(table(data))
+    from ..report import write_json
+
+    write_json(args.json, data)
+    say(f"report written to {args.json}")
+    if keep:
+        ledger = {"sends": sends, "received": received, "starts": starts, "ends": ends, "cancels": cancels}
+        write_json(run_dir / "ledger.json", ledger)
+        say(f"logs and the ledger (ledger.json) kept in {run_dir}")
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return 0 if data["ok"] else 1

@@ -1,0 +1,464 @@
+"""One battle: the servers, the processes, the producers, the faults, the samples, the drain, the ledger read.
+
+The store and the broker share one durable redis-server (``chaos/topology.py``, ``appendonly yes``,
+``appendfsync everysec``); the ledger is a redis-server of its own that no fault touches. The producers are
+threads of the runner, sending at ``--rate`` calls a second in all, as an application does: ``apply_async``,
+``add`` for a batch item, ``rd.cancel`` (``revoke`` with plain Celery) for a cancel. A send that raises (Redis
+down) is made again with the same task id, as a careful application would, and noted: a call due now sent
+twice after an error whose first send went through runs twice, and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from uuid import uuid4
+
+import redis
+
+from celery_redisdelay.testing import RedisServer
+
+from ..faults import Clock, Fault
+from ..measure import children_of, inventory, rss_kib
+from ..run import say
+from ..topology import Standalone
+from .analysis import CELERY_ETA, CELERY_NOW, PARKED
+from .config import (
+    CANCELS,
+    DONE,
+    ENDS,
+    ENV_BATCH,
+    ENV_LEASE,
+    ENV_LEDGER_URL,
+    ENV_PLAIN,
+    ENV_URL,
+    ENV_VISIBILITY,
+    QUEUE,
+    RECEIVED,
+    SENT,
+    STARTS,
+)
+from .plan import BATCH, CANCEL, LOCK, RETRY, SLEEP, Call, Mix
+from .processes import BattleCluster, BattleInjector
+
+#: How long a producer keeps trying one send (Redis restarting).
+SEND_PATIENCE = 120.0
+SEND_RETRY_SECONDS = 0.2
+PRODUCERS = 2
+FLUSH_SECONDS = 0.25
+SAMPLE_SECONDS = 5.0
+PROGRESS_SECONDS = 15.0
+TICK = b'"redisdelay.tick"'
+
+
+class Battle:
+    """The servers and processes of one battle; :meth:`stop` stops everything it started, by PID."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        seed: int,
+        run_dir: Path,
+        faults: list[Fault],
+        mix: Mix,
+        pools: list[tuple[str, int]],
+    ) -> None:
+        self.args = args
+        self.seed = seed
+        self.run_dir = run_dir
+        self.faults = faults
+        self.mix = mix
+        self.pools = pools
+        self.plain = bool(args.plain)
+        self.ledger_server = RedisServer(directory=run_dir / "ledger")
+        self.topology = Standalone(run_dir, "everysec")
+        self.cluster: BattleCluster | None = None
+        self.injector: BattleInjector | None = None
+        self.app: ModuleType | None = None
+        self.ledger: redis.Redis | None = None
+        self._pending: list[tuple[str, str]] = []  # sends not yet written to the ledger
+        self._pending_lock = threading.Lock()
+        self._cancels: list[tuple[float, int, str, str]] = []  # (when, n, unit, task id)
+        self._cancels_lock = threading.Lock()
+        self.producing = threading.Event()
+        self.stopping = threading.Event()
+        self.send_errors: list[dict[str, Any]] = []  # sends that raised and were made again
+        self.producer_errors: list[str] = []
+        self.sent = 0
+        self.samples: list[dict[str, Any]] = []
+        self.began = time.monotonic()
+        self.keys_start: dict[str, Any] = {}
+        self._threads: list[threading.Thread] = []
+
+    # -- starting and stopping --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.ledger_server.start()
+        self.topology.start()
+        say(
+            f"store and broker: {self.topology.store.version()} ({self.topology.store.binary}) on "
+            f"{self.topology.store.url}, appendfsync everysec; ledger on {self.ledger_server.url}"
+        )
+        env = {
+            ENV_URL: self.topology.store_url,
+            ENV_LEDGER_URL: f"{self.ledger_server.url}/0",
+            ENV_PLAIN: "1" if self.plain else "0",
+            ENV_VISIBILITY: str(self.args.visibility_timeout),
+            ENV_LEASE: str(self.args.lease or ""),
+            ENV_BATCH: f"{self.args.batch_size},{self.args.batch_wait}",
+        }
+        os.environ.update(env)
+        from . import app as battle_app  # builds the app from the environment
+
+        if self.topology.store_url != battle_app.URL:
+            raise RuntimeError("chaos.battle.app was imported before the runner set its environment")
+        self.app = battle_app
+        self.ledger = redis.Redis.from_url(env[ENV_LEDGER_URL], socket_timeout=60)
+        self.cluster = BattleCluster(env, self.run_dir, say, self.pools)
+        roles = [("worker", slot) for slot in range(len(self.pools))]
+        if not self.plain:
+            roles += [("beat", 0), ("releaser", 0)]
+        failures: list[str] = []
+
+        def start_one(role: str, slot: int) -> None:
+            assert self.cluster is not None
+            try:
+                member = self.cluster.start(role, slot)
+                say(f"{member.name} ready (pid {member.pid}) in {member.ready_seconds:.1f}s")
+            except Exception as exc:  # noqa: BLE001 - reported below
+                failures.append(f"{role} {slot}: {exc}")
+
+        starters = [threading.Thread(target=start_one, args=role) for role in roles]
+        for thread in starters:
+            thread.start()
+        for thread in starters:
+            thread.join()
+        if failures:
+            raise RuntimeError("; ".join(failures))
+        self.cluster.supervise()
+        with self.topology.store_client() as client:
+            self.keys_start = inventory(client)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.injector is not None:
+            self.injector.finish()
+        for thread in self._threads:
+            thread.join(30)
+        if self.cluster is not None:
+            self.cluster.close()
+        if self.ledger is not None:
+            self.ledger.close()
+        self.topology.stop()
+        self.ledger_server.terminate()
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def path(self, call: Call) -> str:
+        if self.plain:
+            return CELERY_ETA if call.countdown > 0 else CELERY_NOW
+        return PARKED if call.countdown > 0 or call.kind in (BATCH, LOCK) else CELERY_NOW
+
+    def send(self, call: Call) -> None:
+        app = self.app
+        assert app is not None
+        began = time.time()
+        task_id = str(uuid4())
+        due = began + call.countdown
+        options: dict[str, Any] = {"task_id": task_id}
+        if call.countdown > 0:
+            options["eta"] = datetime.fromtimestamp(due, tz=UTC)
+        attempt: Callable[[], Any]
+        if call.kind == BATCH and not self.plain:
+            attempt = lambda: app.batch.add(call.key, {"n": call.n})  # noqa: E731
+        elif call.kind == LOCK and not self.plain:
+            attempt = lambda: app.locked.apply_async((call.n, call.slot, call.sleep), **options)  # noqa: E731
+        elif call.kind == RETRY:
+            attempt = lambda: app.retrying.apply_async((call.n, call.retry_countdown, 1), **options)  # noqa: E731
+        elif call.kind in (SLEEP, LOCK):
+            attempt = lambda: app.work.apply_async((call.n, call.sleep), **options)  # noqa: E731
+        else:
+            attempt = lambda: app.work.apply_async((call.n,), **options)  # noqa: E731
+        retried = self._until_sent(attempt, call.n)
+        acknowledged = time.time()
+        unit = f"{call.n}.0"
+        record = {"k": call.kind, "d": round(due, 4), "t": round(acknowledged, 4), "id": task_id, "c": self.path(call)}
+        if retried:
+            record["r"] = 1
+        with self._pending_lock:
+            self._pending.append((unit, json.dumps(record, separators=(",", ":"))))
+            self.sent += 1
+        if call.kind == CANCEL:
+            with self._cancels_lock:
+                heapq.heappush(self._cancels, (acknowledged + call.cancel_after, call.n, unit, task_id))
+
+    def _until_sent(self, attempt: Callable[[], Any], n: int) -> bool:
+        deadline = time.monotonic() + SEND_PATIENCE
+        retried = False
+        while True:
+            try:
+                attempt()
+                return retried
+            except Exception as exc:  # Redis down: as an application, send it again
+                if time.monotonic() > deadline or self.stopping.is_set():
+                    raise
+                retried = True
+                self.send_errors.append({"t": round(time.time(), 3), "n": n, "error": repr(exc)[:200]})
+                time.sleep(SEND_RETRY_SECONDS)
+
+    def produce(self, index: int, began: float, seconds: float) -> None:
+        interval = PRODUCERS / self.args.rate
+        for step in itertools.count():
+            moment = began + (step + index / PRODUCERS) * interval
+            delay = moment - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if time.monotonic() - began >= seconds or self.stopping.is_set():
+                return
+            call = self.mix.next()
+            try:
+                self.send(call)
+            except Exception as exc:  # noqa: BLE001 - reported; the producer goes on
+                self.producer_errors.append(f"call {call.n}: {type(exc).__name__}: {exc}"[:300])
+
+    def flush(self) -> None:
+        assert self.ledger is not None
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for start in range(0, len(pending), 1000):
+            self.ledger.hset(SENT, mapping=dict(pending[start : start + 1000]))
+
+    def flusher(self) -> None:
+        while not self.stopping.wait(FLUSH_SECONDS):
+            self.flush()
+
+    def canceller(self) -> None:
+        """Cancels each call of the cancel kind ``cancel_after`` seconds after its send."""
+        app, ledger = self.app, self.ledger
+        assert app is not None and ledger is not None
+        while not self.stopping.is_set():
+            with self._cancels_lock:
+                due = self._cancels[0] if self._cancels and self._cancels[0][0] <= time.time() else None
+                if due is not None:
+                    heapq.heappop(self._cancels)
+            if due is None:
+                if not self.producing.is_set() and not self._cancels:
+                    return
+                time.sleep(0.02)
+                continue
+            _, n, unit, task_id = due
+            ledger.hset(CANCELS, unit, "1" if self.cancel(app, task_id, n) else "0")
+
+    def cancel(self, app: ModuleType, task_id: str, n: int) -> bool:
+        """``rd.cancel``; with plain Celery, ``revoke`` (asked: no worker that hears it runs the call)."""
+        if self.plain:
+            self._until_sent(lambda: app.app.control.revoke(task_id), n)
+            return True
+        return bool(self._until_sent_value(lambda: app.rd.cancel(task_id), n))
+
+    def _until_sent_value(self, attempt: Callable[[], Any], n: int) -> Any:
+        box: list[Any] = []
+        self._until_sent(lambda: box.append(attempt()), n)
+        return box[-1]
+
+    # -- measuring --------------------------------------------------------------------------------
+
+    def processes(self) -> dict[str, list[int]]:
+        """Every live process of the run by name: a worker with its pool processes, beat, the releaser, the
+        store's and the ledger's redis-server, the runner."""
+        found: dict[str, list[int]] = {"runner": [os.getpid()]}
+        if self.cluster is not None:
+            for member in list(self.cluster.members):
+                if member.how or member.exited():
+                    continue
+                pids = [member.pid]
+                if member.role == "worker":
+                    pids += children_of(member.pid)
+                found[member.name] = pids
+        for name, server in (("redis", self.topology.store), ("ledger", self.ledger_server)):
+            if server.pid is not None:
+                found[name] = [server.pid]
+        return found
+
+    def sample(self) -> None:
+        row: dict[str, Any] = {"t": round(time.monotonic() - self.began, 1), "sent": self.sent}
+        rss = {}
+        for name, pids in self.processes().items():
+            values = [kib for kib in (rss_kib(pid) for pid in pids) if kib is not None]
+            if values:
+                rss[name] = sum(values)
+        row["rss_kib"] = rss
+        try:
+            with self.topology.store_client() as client:
+                memory = client.info("memory")
+                row["redis_used_memory"] = int(memory["used_memory"])
+                row["redis_rss"] = int(memory["used_memory_rss"])
+                row["dbsize"] = int(client.dbsize())
+                row["queue"] = int(client.llen(QUEUE))
+                row["unacked"] = int(client.hlen("unacked"))
+            if not self.plain and self.app is not None:
+                stats = self.app.rd.stats()
+                row["parked"] = int(stats["delayed"])
+                row["inflight"] = int(stats["inflight"])
+            if self.ledger is not None:
+                row["done"] = int(self.ledger.scard(DONE))
+        except redis.RedisError as exc:
+            row["error"] = repr(exc)[:100]
+        except Exception as exc:  # noqa: BLE001 - the extension's errors while Redis restarts
+            row["error"] = repr(exc)[:100]
+        self.samples.append(row)
+
+    def sampler(self) -> None:
+        while not self.stopping.is_set():
+            self.sample()
+            self.stopping.wait(SAMPLE_SECONDS)
+
+    def background(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    # -- the battle -------------------------------------------------------------------------------
+
+    def fight(self) -> dict[str, Any]:
+        """Send for ``--minutes`` under the faults, drain, list the keys left: the run's part of the report."""
+        assert self.cluster is not None
+        seconds = self.args.minutes * 60.0
+        self.began = time.monotonic()
+        clock = Clock(seconds)
+        self.injector = BattleInjector(self.faults, clock, self.cluster, self.topology, say, lambda fault: None)
+        self.injector.plain = self.plain
+        self.producing.set()
+        self.background(self.sampler, "battle-sampler")
+        self.background(self.flusher, "battle-flusher")
+        self.background(self.canceller, "battle-canceller")
+        self.injector.start()
+        planned = ", ".join(f"{fault.kind}@{fault.at * seconds:.0f}s" for fault in self.faults) or "none"
+        say(f"battle: {self.args.minutes:g} min at {self.args.rate:g} calls/s; faults (seed {self.seed}): {planned}")
+        began = time.monotonic()
+        producers = [
+            threading.Thread(target=self.produce, args=(index, began, seconds), name=f"producer-{index}", daemon=True)
+            for index in range(PRODUCERS)
+        ]
+        for producer in producers:
+            producer.start()
+        last = time.monotonic()
+        while any(producer.is_alive() for producer in producers):
+            for producer in producers:
+                producer.join(1.0)
+            if time.monotonic() - last >= PROGRESS_SECONDS:
+                last = time.monotonic()
+                say(f"sent {self.sent:,}, ran {self.done():,}{self.backlog()}")
+        sending = time.monotonic() - began
+        self.producing.clear()
+        self.injector.finish()
+        say(f"sending over after {sending:.0f}s ({self.sent:,} calls, {self.sent / sending:.1f}/s); draining")
+        drained = self.drain()
+        drain_seconds = time.monotonic() - began - sending
+        self.flush()
+        if not self.plain and self.args.quiet:
+            say(f"drained ({drained}) in {drain_seconds:.0f}s; letting expiring keys expire ({self.args.quiet:g}s)")
+            time.sleep(self.args.quiet)
+        self.sample()
+        with self.topology.store_client() as client:
+            keys_end = inventory(client)
+        return {
+            "sending_seconds": round(sending, 1),
+            "drain_seconds": round(drain_seconds, 1),
+            "drained": drained,
+            "rate_reached": round(self.sent / sending, 1) if sending else None,
+            "keys_start": self.keys_start,
+            "keys_end": keys_end,
+        }
+
+    def done(self) -> int:
+        assert self.ledger is not None
+        try:
+            return int(self.ledger.scard(DONE))
+        except redis.RedisError:
+            return -1
+
+    def backlog(self) -> str:
+        row = self.samples[-1] if self.samples else {}
+        parts = [f"{name} {row[name]:,}" for name in ("queue", "unacked", "parked", "inflight") if name in row]
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def settled(self) -> bool:
+        """Nothing parked, in flight or in a batch group, no message in the queue, none held unacknowledged but
+        the tick's, no cancel left to make."""
+        if self._cancels:
+            return False
+        try:
+            with self.topology.store_client() as client:
+                if client.llen(QUEUE):
+                    return False
+                if any(TICK not in value for value in client.hvals("unacked")):
+                    return False
+            if not self.plain:
+                assert self.app is not None
+                stats = self.app.rd.stats()
+                return not (stats["delayed"] or stats["inflight"] or stats["batch_groups"])
+        except Exception:  # noqa: BLE001 - Redis still restarting: not settled
+            return False
+        return True
+
+    def expected(self) -> int:
+        assert self.ledger is not None
+        self.flush()
+        cancelled = sum(value == b"1" for value in self.ledger.hvals(CANCELS))
+        return int(self.ledger.hlen(SENT)) - cancelled
+
+    def drain(self) -> str:
+        """Wait until every unit expected has run and nothing is left, or nothing has been left to deliver
+        anything for ``--settle`` seconds, or the deadline: which of the three."""
+        deadline = time.monotonic() + self.args.deadline
+        settled_since: float | None = None
+        last = time.monotonic()
+        while time.monotonic() < deadline:
+            expected, done, settled = self.expected(), self.done(), self.settled()
+            if done >= expected and settled:
+                return "complete"
+            now = time.monotonic()
+            settled_since = (settled_since or now) if settled else None
+            if settled_since is not None and now - settled_since >= self.args.settle:
+                return f"settled, {expected - done} units not run"
+            if now - last >= PROGRESS_SECONDS:
+                last = now
+                say(f"draining: ran {done:,} of {expected:,}{self.backlog()}")
+            time.sleep(1.0)
+        return "deadline"
+
+    # -- the ledger -------------------------------------------------------------------------------
+
+    def read_ledger(self) -> tuple[dict[str, Any], list[Any], list[Any], dict[str, bool], list[Any]]:
+        assert self.ledger is not None
+        sends = {_text(key): json.loads(value) for key, value in self.ledger.hscan_iter(SENT, count=5000)}
+        starts = [json.loads(value) for value in _list(self.ledger, STARTS)]
+        ends = [json.loads(value) for value in _list(self.ledger, ENDS)]
+        cancels = {_text(key): value == b"1" for key, value in self.ledger.hgetall(CANCELS).items()}
+        received = [json.loads(value) for value in _list(self.ledger, RECEIVED)]
+        return sends, starts, ends, cancels, received
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _list(client: redis.Redis, key: str, step: int = 10_000) -> list[Any]:
+    found: list[Any] = []
+    for start in itertools.count(0, step):
+        chunk = client.lrange(key, start, start + step - 1)
+        found += chunk
+        if len(chunk) < step:
+            return found
+    return found

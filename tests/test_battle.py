@@ -1,0 +1,214 @@
+"""The battle (``python -m chaos --battle``, issue 33): its seeded plan of calls and faults, its analysis of the
+ledger (exactly once, lost parked or due now, duplicates tied to a fault, early, lateness, recovery), its
+report, and one very short real battle with the extension under a worker SIGKILL, a releaser SIGKILL, a
+SIGKILL of Redis and a CLIENT KILL. Timings are not judged here."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.battle.analysis import CELERY_NOW, PARKED, Outcome, quantiles
+from chaos.battle.app import units_of
+from chaos.battle.plan import BATCH, CANCEL, KINDS, NOW, WORKER_TERM, Mix, fault_counts, parse_shares, schedule
+from chaos.battle.processes import parse_pools
+from chaos.battle.report import keys_left, rss_judgement, table, verdict
+from chaos.faults import REDIS_KILL, WORKER_KILL
+
+from .conftest import run_module
+
+T0 = 1_700_000_000.0
+
+
+def test_the_same_seed_gives_the_same_calls_and_faults() -> None:
+    shares = parse_shares("")
+    first, second = Mix(7, shares, 0.1), Mix(7, shares, 0.1)
+    calls = [first.next() for _ in range(500)]
+    assert calls == [second.next() for _ in range(500)]
+    assert calls != [Mix(8, shares, 0.1).next() for _ in range(500)]
+    assert {call.kind for call in calls} == set(KINDS)
+    assert [call.n for call in calls] == list(range(500))
+    for call in calls:
+        assert call.countdown <= 60.0
+        if call.kind == CANCEL:  # a cancel comes while the call is still parked
+            assert call.countdown >= call.cancel_after + 3.0
+    counts = fault_counts({WORKER_KILL: 4.0, REDIS_KILL: 0.1, WORKER_TERM: 0.0}, 3.0)
+    assert counts == {WORKER_KILL: 12, REDIS_KILL: 1, WORKER_TERM: 0}  # at least one of each kind asked for
+    faults = schedule(counts, 7, 3)
+    assert [(f.kind, f.at, f.slot) for f in faults] == [(f.kind, f.at, f.slot) for f in schedule(counts, 7, 3)]
+    assert len(faults) == 13 and all(0.05 <= f.at <= 0.95 for f in faults)
+    assert [f.at for f in faults] == sorted(f.at for f in faults)
+
+
+def test_shares_and_pools_are_checked() -> None:
+    shares = parse_shares("now=1,countdown=1,sleep=0,retry=0,batch=0,lock=0,cancel=0")
+    assert shares[NOW] == shares["countdown"] == 0.5
+    assert {Mix(1, shares).next().kind for _ in range(50)} <= {NOW, "countdown"}
+    with pytest.raises(ValueError, match="unknown kind"):
+        parse_shares("later=1")
+    assert parse_pools("prefork:2,threads:4") == [("prefork", 2), ("threads", 4)]
+    with pytest.raises(ValueError, match="unknown pool"):
+        parse_pools("fibers:2")
+
+
+def test_the_units_a_message_carries() -> None:
+    assert units_of("battle.work", [5, 0.0], 0) == ["5.0"]
+    assert units_of("battle.retrying", [5, 2.0, 1], 1) == ["5.1"]
+    assert units_of("battle.batch", ["k1", [{"n": 3}, {"n": 4}]], 0) == ["3.0", "4.0"]
+    assert units_of("redisdelay.tick", [], 0) == []
+
+
+def send(kind: str, due: float, sent: float, path: str, **extra: Any) -> dict[str, Any]:
+    return {"k": kind, "d": due, "t": sent, "id": "x", "c": path, **extra}
+
+
+def run(unit: str, start: float, end: float, worker: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    host = f"{worker}@h"
+    return {"u": unit, "t": start, "w": host, "p": 1}, {"u": unit, "s": start, "e": end, "w": host, "p": 1}
+
+
+def fault(kind: str, wall: float, target: str = "", back: float = 1.0) -> dict[str, Any]:
+    return {"kind": kind, "wall": wall, "elapsed": round(wall - T0, 1), "injected": True, "target": target,
+            "recovery_seconds": back}  # fmt: skip
+
+
+def test_the_analysis_sorts_every_unit() -> None:
+    sends = {
+        "1.0": send(NOW, T0, T0, CELERY_NOW),  # ran once
+        "2.0": send("countdown", T0 + 10, T0, PARKED),  # ran twice: its worker was killed after its run
+        "3.0": send("countdown", T0 + 5, T0 + 19.5, PARKED),  # lost, sent 0.5 s before the SIGKILL of Redis
+        "4.0": send("countdown", T0 + 5, T0 + 1, PARKED),  # lost, nothing explains it: a bug
+        "5.0": send(NOW, T0 + 2, T0 + 2, CELERY_NOW),  # cut short by the worker SIGKILL, never again
+        "6.0": send("countdown", T0 + 30, T0, PARKED),  # ran early
+        "7.0": send(CANCEL, T0 + 30, T0, PARKED),  # cancelled, never ran
+        "8.0": send(CANCEL, T0 + 3, T0, PARKED),  # the cancel came too late: ran once
+        "9.0": send(NOW, T0 + 40, T0 + 40, CELERY_NOW),  # ran twice with no fault between
+        "10.0": send(NOW, T0 + 11, T0 + 11, CELERY_NOW),  # received by the killed worker, ran again later
+    }
+    runs = [
+        run("1.0", T0 + 0.01, T0 + 0.02, "worker0-1"),
+        run("2.0", T0 + 10.0, T0 + 10.1, "worker0-1"),
+        run("2.0", T0 + 42.0, T0 + 42.1, "worker1-2"),
+        run("6.0", T0 + 29.0, T0 + 29.1, "worker1-2"),
+        run("8.0", T0 + 3.0, T0 + 3.1, "worker1-2"),
+        run("9.0", T0 + 40.0, T0 + 40.1, "worker1-2"),
+        run("9.0", T0 + 41.0, T0 + 41.1, "worker1-2"),
+        run("10.0", T0 + 25.0, T0 + 25.1, "worker1-2"),
+    ]
+    starts = [start for start, _ in runs] + [{"u": "5.0", "t": T0 + 11.5, "w": "worker0-1@h", "p": 1}]
+    ends = [end for _, end in runs]
+    received = [{"u": "10.0", "t": T0 + 11.2, "w": "worker0-1@h"}]
+    faults = [fault(WORKER_KILL, T0 + 12, "worker0-1 pid 10"), fault(REDIS_KILL, T0 + 20, "store redis-server")]
+
+    data = Outcome(sends, starts, ends, {"7.0": True, "8.0": False}, faults, received).as_dict()
+
+    assert data["sent"] == 10 and data["expected"] == 9 and data["cancelled"] == 1 and data["cancel_too_late"] == 1
+    assert data["exactly_once"] == 4  # 1, 6, 8, 10
+    lost = {row["unit"]: row for row in data["lost"]["rows"]}
+    assert set(lost) == {"3.0", "4.0", "5.0"}
+    assert (
+        lost["3.0"]["category"] == "bound" and lost["4.0"]["category"] == "fault" and lost["5.0"]["category"] == "cut"
+    )
+    assert data["lost"]["parked"] == 2 and data["lost"]["parked_within_redis_bound"] == 1
+    assert data["lost"]["parked_beyond_bound"] == 1 and data["lost"]["celery_now"] == 1
+    duplicates = {row["unit"]: row for row in data["duplicates"]["rows"]}
+    assert duplicates["2.0"]["explained"] and "worker_kill of worker0-1" in duplicates["2.0"]["why"]
+    assert not duplicates["9.0"]["explained"] and data["duplicates"]["unexplained"] == 1
+    assert [row["unit"] for row in data["early"]["rows"]] == ["6.0"]
+    assert data["lateness"][PARKED] == {"n": 3, "p50": 0.0, "p99": 0.0, "max": 0.0}  # 2.0, 8.0 on time; 6.0 -1 s
+    assert data["lateness"][CELERY_NOW]["max"] == pytest.approx(14.0)  # 10.0: due at 11, ran at 25
+    assert data["per_worker_sigkill"]["sigkills"] == 1 and data["per_worker_sigkill"]["lost"] == 3.0
+    kill = data["recovery"][0]
+    assert kill["cut_short"] == 1 and kill["held"] == 1 and kill["not_run_again"] == 1
+    assert kill["max_s"] == pytest.approx(13.0)  # 10.0: received before the kill at 12, ran at 25
+
+
+def test_quantiles() -> None:
+    assert quantiles([]) == {"n": 0, "p50": None, "p99": None, "max": None}
+    values = quantiles(float(value) for value in range(1, 101))
+    assert values == {"n": 100, "p50": 50.0, "p99": 99.0, "max": 100.0}
+
+
+def test_keys_left_and_rss_and_the_verdict() -> None:
+    start = {"keys": {"_kombu.binding.battle": {"type": "set", "size": 1}}, "dbsize": 1, "used_memory": 1}
+    end = {
+        "keys": {
+            **start["keys"],
+            "{battle}:counters": {"type": "hash", "size": 16},
+            "{battle}:payloads": {"type": "hash", "size": 3},
+        },
+        "dbsize": 3,
+        "used_memory": 2,
+    }
+    keys = keys_left(start, end)
+    assert [row["key"] for row in keys["leaked"]] == ["{battle}:payloads"]
+    assert [row["key"] for row in keys["documented"]] == ["{battle}:counters"]
+    samples = [{"t": float(t), "rss_kib": {"worker0-1": 100_000 + t * 10, "runner": 50_000}} for t in range(0, 300, 5)]
+    [judged] = rss_judgement(samples)
+    assert judged["worker"] == "worker0-1" and judged["flat"] and judged["growth"] < 0.03
+    assert not rss_judgement([{"t": 0.0, "rss_kib": {"worker0-1": 1}}, {"t": 30.0, "rss_kib": {"worker0-1": 2}}])
+
+
+def report_data(plain: bool, outcome: dict[str, Any], leaked: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "settings": {"plain": plain, "seed": 1, "rate": 10.0, "workers": "prefork:2", "longest_countdown": 6.0},
+        "server": "7.0.15",
+        "software": {"revision": "abc"},
+        "run": {"sending_seconds": 10.0, "rate_reached": 10.0, "drained": "complete", "drain_seconds": 1.0},
+        "outcome": outcome,
+        "keys": {"dbsize": [1, 2], "leaked": leaked, "documented": []},
+        "memory": [],
+        "rss_flat": [],
+        "faults": {"counts": {WORKER_KILL: {"planned": 1, "injected": 1}}, "list": []},
+        "send_errors": [],
+        "producer_errors": [],
+        "unplanned_exits": [],
+        "seconds": 12.0,
+    }
+
+
+def test_the_verdict_judges_the_extension_only() -> None:
+    sends = {"1.0": send("countdown", T0 + 5, T0, PARKED), "2.0": send(BATCH, T0, T0, PARKED)}
+    starts, ends = zip(*[run("2.0", T0 + 1, T0 + 1.1, "worker0-1")], strict=True)
+    outcome = Outcome(sends, list(starts), list(ends), {}, []).as_dict()
+    leaked = [{"key": "{battle}:payloads", "type": "hash", "size": 1}]
+
+    ok, problems = verdict(report_data(False, outcome, leaked))
+    assert not ok and problems == ["1 parked calls lost (beyond Redis's own bound)", "1 keys left behind"]
+    assert verdict(report_data(True, outcome, leaked)) == (True, [])
+    data = {**report_data(False, outcome, []), "ok": False, "problems": problems}
+    text = table(data)
+    assert re.search(r"lost +1: parked 1 ", text) and "FAILED" in text
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(150)
+def test_a_very_short_battle_loses_no_parked_call(tmp_path: Path) -> None:
+    out = tmp_path / "battle.json"
+    status, output = run_module(
+        "chaos",
+        *("--battle", "--minutes", "0.25", "--rate", "20", "--countdown-scale", "0.01", "--seed", "2"),
+        *("--lease", "4", "--visibility-timeout", "10", "--settle", "5", "--quiet", "0", "--mix", "sleep=0"),
+        *("--workers", "prefork:1,threads:2", "--worker-kills", "4", "--worker-terms", "0", "--beat-kills", "0"),
+        *("--releaser-kills", "4", "--redis-kills", "4", "--client-kills", "4", "--json", str(out)),
+        timeout=120,
+    )
+    print(output)
+    report = json.loads(out.read_text())
+
+    outcome = report["outcome"]
+    assert outcome["sent"] > 0 and outcome["lost"]["parked_beyond_bound"] == 0, output
+    assert outcome["early"]["total"] == 0 and outcome["duplicates"]["unexplained"] == 0, output
+    assert outcome["cancelled_but_ran_count"] == 0 and report["keys"]["leaked"] == [], output
+    assert {kind for kind, count in report["faults"]["counts"].items() if count["injected"]} == {
+        "worker_kill",
+        "releaser_kill",
+        "redis_kill",
+        "client_kill",
+    }, output
+    assert len(outcome["recovery"]) == 4 and report["memory"], output
+    assert status == 0, output
