@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     choose_server(args.server)
     from .run import Battle  # after the server is chosen
 
+    provenance = {**software(ROOT), "machine": f"{os.cpu_count()} cores"}  # the revision that runs, read now
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     run_dir = Path(tempfile.mkdtemp(prefix="redisdelay-battle-"))
     rates = {kind: float(getattr(args, kind)) for kind in FAULT_KINDS}
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             "fault_rates_per_minute": rates,
         },
         "server": server,
-        "software": {**software(ROOT), "machine": f"{os.cpu_count()} cores"},
+        "software": provenance,
         "run": {key: value for key, value in run.items() if not key.startswith("keys_")},
         "outcome": outcome,
         "keys": keys_left(run.get("keys_start") or empty, run.get("keys_end") or empty),
