@@ -10,9 +10,10 @@ python3 dev.py test-lowest [pytest args]
 python3 dev.py lint     ruff, mypy and the layering contracts (import-linter)
 python3 dev.py bench    the benchmarks
 python3 dev.py docs     the manual (Sphinx, warnings as errors) into docs/_build/html
-python3 dev.py celery-suite [--quick] [--modes plain,delayed,all-tasks] [-k EXPR]
-                        Celery's own integration tests (test_tasks.py, test_canvas.py, from the sdist of the
-                        installed Celery) without the extension and with it, compared test by test
+python3 dev.py celery-suite [--quick | --ci | --full] [--modes plain,delayed,all-tasks] [-k EXPR]
+                        Celery's own integration tests (test_tasks.py and test_canvas.py; with --full every
+                        file of t/integration that runs on Redis; from the sdist of the installed Celery)
+                        without the extension and with it, compared test by test
 python3 dev.py battle [--minutes 3] [--rate 100] [--plain] [--server redis|valkey] [--seed N] ...
                         the chaos runner's battle: an app in redisdelay_all_tasks mode under worker, beat,
                         releaser and Redis kills, every send and run in a ledger (``--help``, chaos/battle/)
