@@ -286,23 +286,33 @@ with Connection(sys.argv[1]) as connection:
 """
 
 
-def test_a_call_popped_by_a_worker_that_died_before_holding_it_is_swept_a_lease_later(
-    make_app: MakeApp, client: redis.Redis
-) -> None:
-    app, rd = make_app(redisdelay_lease=1.0, redisdelay_lease_renewal=0.2)
-    assert rd.depot.fast_release
-    queue = app.conf.task_default_queue
-    echo = echo_task(rd)
-    popped, waiting = echo.apply_async(("popped",)), echo.apply_async(("waiting",))
-    assert rd.tick()["released"] == 2
-    command = [sys.executable, "-c", POPPER, app.conf.broker_url, queue]
+def popped_by_a_dying_worker(app: Celery) -> str:
+    """The delivery tag of the message a worker's consumer popped (kombu noted it) before it was killed."""
+    command = [sys.executable, "-c", POPPER, app.conf.broker_url, app.conf.task_default_queue]
     with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as popper:
         try:
             assert popper.stdout is not None
-            tag = popper.stdout.readline().strip()
+            return popper.stdout.readline().strip()
         finally:
             popper.kill()  # it dies before any lease thread could hold the call
             popper.wait(10)
+
+
+def short_leases(make_app: MakeApp) -> tuple[Celery, RedisDelay]:
+    """An app whose calls are released by the release script itself, under a one-second lease."""
+    app, rd = make_app(redisdelay_lease=1.0, redisdelay_lease_renewal=0.2)
+    assert rd.depot.fast_release
+    return app, rd
+
+
+def test_a_call_popped_by_a_worker_that_died_before_holding_it_is_swept_a_lease_later(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    app, rd = short_leases(make_app)
+    echo = echo_task(rd)
+    popped, waiting = echo.apply_async(("popped",)), echo.apply_async(("waiting",))
+    assert rd.tick()["released"] == 2
+    tag = popped_by_a_dying_worker(app)
     first = popped.id if tag.startswith(popped.id) else waiting.id
     left = waiting.id if first == popped.id else popped.id
     assert tag == f"{first}.1" and client.hexists("unacked", tag), "kombu noted the delivery"
@@ -318,3 +328,91 @@ def test_a_call_popped_by_a_worker_that_died_before_holding_it_is_swept_a_lease_
     assert entry(rd, left).meta["s"] in {"delayed", "queued"} and "h" not in entry(rd, left).meta
     assert rd.tick()["requeued"] == 0, "the call still in the queue is not taken back"
     assert client.hget(rd.keys.history, "unacked_seen") is not None
+
+
+def test_a_call_popped_by_a_worker_that_died_before_kombu_noted_it_is_swept_a_lease_later(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    app, rd = short_leases(make_app)
+    queue = app.conf.task_default_queue
+    echo = echo_task(rd)
+    calls = {echo.apply_async((word,)).id: word for word in ("first", "second")}
+    assert rd.tick()["released"] == 2
+
+    def pop() -> str:
+        """A worker pops the oldest message and dies before kombu notes it: it is in neither the list nor
+        kombu's unacked hash (its BRPOP's reply died unread in its socket)."""
+        popped = client.brpop([queue], timeout=5)
+        assert popped is not None
+        tag = str(json.loads(popped[1])["properties"]["delivery_tag"])
+        assert not client.hexists("unacked", tag)
+        return tag.rsplit(".", 1)[0]
+
+    lost = pop()
+    waiting = next(call_id for call_id in calls if call_id != lost)
+    assert rd.tick()["requeued"] == 0, "pushed less than a lease ago: its worker may be about to note it"
+    wait_for(lambda: rd.tick()["requeued"] == 1, WAIT, "the call lost with its worker to be swept")
+    assert entry(rd, lost).meta["s"] in {"swept", "queued"}
+    assert entry(rd, lost).meta.get("d") in {1, 2}, "delivered again, not dead-lettered"
+    assert entry(rd, waiting).meta["s"] in {"delayed", "queued"}, "the call still in its list stays there"
+    assert rd.tick()["requeued"] == 0, "the call still in its list is not taken back"
+
+    # The call that waited in its list is looked at again, sweep after sweep: lost later, it comes back too.
+    wait_for(lambda: client.llen(queue) == 2 or rd.tick() is None, WAIT, "the first call's second delivery")
+    while True:  # the second call (delivery 1) is the oldest in the list: a worker pops it and dies
+        popped = pop()
+        if popped == waiting:
+            break
+    wait_for(lambda: rd.tick()["requeued"] >= 1 and entry(rd, waiting).meta.get("d", 0) >= 1, WAIT, "the second")
+    assert entry(rd, waiting).meta["s"] in {"swept", "queued"} and entry(rd, waiting).meta.get("d") == 2
+
+
+KOMBU_PUBLISHER = """
+import sys
+from kombu import Connection, Producer
+with Connection(sys.argv[1]) as connection:
+    Producer(connection).publish(b"{}", routing_key=sys.argv[2], headers={"lang": "py", "task": "t", "id": sys.argv[3]})
+"""
+
+
+def test_a_call_published_through_kombu_and_popped_by_a_worker_that_died_is_swept_by_its_task_id(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    """A flushed batch goes through kombu, which tags the delivery itself: the sweep finds the call by the task
+    id in the headers of kombu's copy of the delivery."""
+    app, rd = short_leases(make_app)
+    in_flight(rd, "by-kombu")
+    publish = [sys.executable, "-c", KOMBU_PUBLISHER, app.conf.broker_url, app.conf.task_default_queue, "by-kombu"]
+    subprocess.run(publish, check=True)
+    tag = popped_by_a_dying_worker(app)
+    assert not tag.startswith("by-kombu") and client.hexists("unacked", tag), "kombu noted it under its own tag"
+
+    def sweep() -> tuple[int, int]:  # a tick's sweep without its release (the envelope here is opaque)
+        return rd.store.sweep(100, 5, ("unacked", "unacked_index"), 1000)
+
+    wait_for(lambda: sweep() == (1, 0), WAIT, "the call popped by the dead worker to be swept")
+    assert entry(rd, "by-kombu").meta["s"] == "swept"
+    assert not client.hexists("unacked", tag), "kombu does not restore it as well"
+
+
+def test_a_call_given_back_at_a_warm_shutdown_is_not_looked_for_in_its_list(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    """kombu puts a given-back message back in its own form (its JSON written again, marked redelivered), so
+    the sweep cannot find it in the list by the bytes the release pushed: it must not take it for lost."""
+    app, rd = short_leases(make_app)
+    queue = app.conf.task_default_queue
+    call = echo_task(rd).apply_async(("back",))
+    assert rd.tick()["released"] == 1
+    popped = client.brpop([queue], timeout=5)
+    assert popped is not None
+    message = json.loads(popped[1])
+    tag = message["properties"]["delivery_tag"]
+    assert rd.store.lease("w1", 1000, [(call.id, tag)], 1) == []
+    assert rd.store.give_back("w1", 1000, [(call.id, tag)]) == []
+    message["headers"]["redelivered"] = message["properties"]["delivery_info"]["redelivered"] = True
+    client.rpush(queue, json.dumps(message))  # kombu's restore of the message
+    assert entry(rd, call.id).meta.get("b") == 1
+    given_back = redis_ms(client)
+    wait_for(lambda: redis_ms(client) > given_back + 1500, WAIT, "a lease and a half to pass")
+    assert rd.tick()["requeued"] == 0 and entry(rd, call.id).meta["s"] == "queued"

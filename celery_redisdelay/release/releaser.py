@@ -174,7 +174,9 @@ class Releaser:
     def sweep_step(self, report: TickReport) -> bool:
         batch = self.settings.release_batch
         lease_ms = round(self.settings.lease * 1000)
-        requeued, dead = self.store.sweep(batch, self.settings.max_deliveries, self.unacked, lease_ms)
+        lists = self.lists if self.in_script and self.lists is not None else []
+        queue_ms = round(self.settings.queue_timeout * 1000)
+        requeued, dead = self.store.sweep(batch, self.settings.max_deliveries, self.unacked, lease_ms, lists, queue_ms)
         report.requeued += requeued
         report.dead += dead
         return requeued + dead >= batch

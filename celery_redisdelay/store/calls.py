@@ -315,14 +315,28 @@ class CallStore:
         return _texts(self._run("track", [run_timeout_ms, lease_ms, worker, *ops], action))
 
     def sweep(
-        self, limit: int, max_deliveries: int, unacked: Sequence[str] = (), lease_ms: int | None = None
+        self,
+        limit: int,
+        max_deliveries: int,
+        unacked: Sequence[str] = (),
+        lease_ms: int | None = None,
+        lists: Sequence[str] = (),
+        queue_timeout_ms: int | None = None,
     ) -> tuple[int, int]:
         """Deliver again the calls past their in-flight deadline (dead-letter those out of deliveries). With
         ``unacked`` (kombu's unacked hash and index, where the broker is this Redis), the deliveries their
         workers held leave kombu's hash, and a call a worker popped more than ``lease_ms`` ago but never held
-        (it died first) is delivered again too. (calls put back, calls dead-lettered)."""
-        args = [limit, max_deliveries] if lease_ms is None else [limit, max_deliveries, lease_ms]
-        requeued, buried = self._run("sweep", args, "sweep timed-out calls", unacked)
+        (it died first) is delivered again too; with ``lists`` too (the queue lists the release pushes onto)
+        and ``queue_timeout_ms`` (the default), so is a call pushed a lease ago that is in neither its list
+        nor kombu's hash (its worker died before kombu noted it). (calls put back, calls dead-lettered)."""
+        args: list[int] = [limit, max_deliveries]
+        keys = list(unacked)
+        if lease_ms is not None:
+            args.append(lease_ms)
+            if unacked and lists and queue_timeout_ms is not None:
+                args.append(queue_timeout_ms)
+                keys += lists
+        requeued, buried = self._run("sweep", args, "sweep timed-out calls", keys)
         return int(requeued), int(buried)
 
     def lease(self, worker: str, lease_ms: int, held: Sequence[tuple[str, str]], total: int) -> list[str]:

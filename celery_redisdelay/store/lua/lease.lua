@@ -46,7 +46,7 @@ for i = 5, #ARGV, 2 do
             redis.call('ZADD', INFLIGHT, deadline, id)
         end
     elseif meta.h == worker and meta.s ~= 'running' then
-        meta.h, meta.g, meta.s = nil, nil, 'queued'
+        meta.h, meta.g, meta.s, meta.b = nil, nil, 'queued', 1  -- b: its list holds kombu's form of it (sweep.lua)
         save_meta(id, meta)
         redis.call('ZADD', INFLIGHT, now + (tonumber(meta.q) or lease), id)
     else

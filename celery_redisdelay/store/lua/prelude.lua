@@ -14,6 +14,7 @@
 --       l the queue list a stored broker message goes to (the fast release path, see release.lua),
 --       o 1 when r is the task's own timeout; under a lease (lease.lua): h the worker holding the call,
 --       g kombu's delivery tag of the delivery it holds, x the hard end of its run (start + r, when o);
+--       b 1 when a warm shutdown gave it back (kombu put its message back in its own form, see sweep.lua);
 --       lg the call's gate when it is under limits (see "Limits"), lw its due time while it waits in the gate
 --       (s 'limited')
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
@@ -25,7 +26,8 @@
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
 --   KEYS[10] history  hash  the same totals per minute, '<minute>:<name>' -> count (minute: ms // 60000),
 --       for the last HISTORY_MINUTES minutes; 'pruned' the last minute forgotten (see prune_history),
---       'unacked_seen' how far the sweep has read kombu's unacked index (see sweep.lua),
+--       'unacked_seen' how far the sweep has read kombu's unacked index, 'queued_seen' how far it has read the
+--       calls pushed onto the broker's lists (see sweep.lua),
 --       'released_at' when a releaser last ran (ms)
 -- The limits of calls (see "Limits" below and docs/limits.rst):
 --   KEYS[11] limits  hash  'code:<limit>' -> the limit as the code declares it (written by each park of a call
@@ -61,6 +63,19 @@ for i, expected in ipairs(EXPECTED_TYPES) do
     if wrong then
         return wrong
     end
+end
+
+-- The set of KEYS[first ..], each a list or missing; or, as a second value, the error for a key of another type.
+local function list_keys(first)
+    local lists = {}
+    for i = first, #KEYS do
+        local wrong = check_type(KEYS[i], 'list')
+        if wrong then
+            return nil, wrong
+        end
+        lists[KEYS[i]] = true
+    end
+    return lists
 end
 
 -- The Redis clock, read once per script: a script is one instant (and one TIME is all it costs).
@@ -155,6 +170,50 @@ end
 
 local function save_meta(id, meta)
     redis.call('HSET', META, id, cjson.encode(meta))
+end
+
+-- The broker message of a call stored as one (wire.py): release.lua pushes it, sweep.lua looks for it in its list.
+-- A later delivery says so (wire.py's ``redelivered``, byte for byte): "redelivered" and "x-delivery-count" (the
+-- deliveries before it) at the start of the headers, "redelivered" at the start of delivery_info, the last
+-- object opened in the message.
+local HEADERS, DELIVERY_INFO = '"headers": {', '"delivery_info": {'
+local function redelivered(message, earlier)
+    local head = string.find(message, HEADERS, 1, true)
+    local info, from = nil, 1
+    while true do
+        local found = string.find(message, DELIVERY_INFO, from, true)
+        if not found then
+            break
+        end
+        info, from = found, found + 1
+    end
+    if not head or not info or info < head then
+        return message
+    end
+    local head_end, info_end = head + #HEADERS - 1, info + #DELIVERY_INFO - 1
+    local marks = '"redelivered": true, "x-delivery-count": ' .. string.format('%d', earlier)
+    if string.sub(message, head_end + 1, head_end + 1) ~= '}' then
+        marks = marks .. ', '
+    end
+    local flag = '"redelivered": true'
+    if string.sub(message, info_end + 1, info_end + 1) ~= '}' then
+        flag = flag .. ', '
+    end
+    return string.sub(message, 1, head_end) .. marks .. string.sub(message, head_end + 1, info_end) .. flag
+        .. string.sub(message, info_end + 1)
+end
+
+-- The message to push for this delivery, or nil when the payload is not a broker message of this call.
+-- wire.py writes the delivery tag of the first delivery last: the message ends with it.
+local function message_for(id, payload, delivery)
+    local ending = '"delivery_tag": "' .. id .. '.1"}}'
+    if string.sub(payload, 1, #MESSAGE_PREFIX) ~= MESSAGE_PREFIX or string.sub(payload, -#ending) ~= ending then
+        return nil
+    elseif delivery == 1 then
+        return payload
+    end
+    local tagged = string.sub(payload, 1, -#ending - 1) .. '"delivery_tag": "' .. id .. '.' .. delivery .. '"}}'
+    return redelivered(tagged, delivery - 1)
 end
 
 -- A parked call gives up its unique/debounce key when it leaves the delay set (released,

@@ -5,17 +5,32 @@
 -- Redis, the delivery that worker held (its kombu delivery tag, meta.g) leaves kombu's unacked hash and
 -- index, so kombu does not restore it after its visibility timeout: the delivery the sweep schedules stands
 -- for it.
--- Where the broker is this Redis, the sweep also takes back the calls a worker popped but never held: kombu
--- noted the delivery in its unacked index (scored with the time the worker popped it, by the worker's clock)
--- and the worker died before its lease thread took the call, a few milliseconds later. Such a call would
--- otherwise wait for its queue timeout. Each sweep reads the index onwards from where the last one stopped
--- ('unacked_seen' in the history hash), up to a lease ago, at most NEVER_HELD_STEP entries: every delivery
--- is looked at once, a lease after it was popped. A delivery of this store (its tag is '<id>.<delivery>',
--- release.lua) whose call is still queued, held by no one, is swept like a lapsed lease. A worker whose clock
--- is more than a lease behind the server's pops deliveries the cursor has passed: they wait for the queue
--- timeout, as before.
--- KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2] (where the broker is this Redis): kombu's unacked hash and its index.
--- ARGV: 1 most calls to look at, 2 default max deliveries, 3 the lease (ms; with KEYS[FIXED_KEYS + 1])
+-- Where the broker is this Redis, the sweep also takes back the calls a worker popped but never held.
+-- * Popped and noted: kombu noted the delivery in its unacked index (scored with the time the worker popped
+--   it, by the worker's clock) and the worker died before its lease thread took the call, a few milliseconds
+--   later. Each sweep reads the index onwards from where the last one stopped ('unacked_seen' in the history
+--   hash), up to a lease ago, at most NEVER_HELD_STEP entries: every delivery is looked at once, a lease after
+--   it was popped. A delivery of a call still queued and held by no one is swept like a lapsed lease: a
+--   delivery of this store's own (tag '<id>.<delivery>', release.lua) if it is the call's current one, a
+--   delivery kombu tagged itself (a call published through kombu, such as a flushed batch) by the task id in
+--   its headers. A worker whose clock is more than a lease behind the server's pops deliveries the cursor has
+--   passed: they wait for the queue timeout, as before.
+-- * Popped, never noted: the worker died between its pop and kombu's note (its BRPOP's reply was still
+--   unread in its socket). Nothing but the store knows the call then. Each sweep reads the calls in flight
+--   whose queue deadline says they were pushed a lease ago or more, onwards from 'queued_seen' (a score:
+--   every call at or below it has been looked at), at most QUEUED_STEP of them. A call still queued, held by
+--   no one, pushed by release.lua onto one of the lists in KEYS, whose delivery kombu has not noted, is looked
+--   for in its list from the oldest end (LPOS over a list of at most LIST_SCAN entries, SCAN_BUDGET entries a
+--   sweep in all): a call in neither place was lost with its worker, and is swept. A call still in its list,
+--   or in a list too long to tell, holds the cursor before it, so that it is looked at again by the next
+--   sweeps (the list drains in order) until it is RECHECK_LEASES leases old: the cursor then passes it, and
+--   it waits for the queue timeout if it is lost later. The calls after it in the page are still looked at.
+--   Calls pushed through kombu, and calls a warm shutdown gave back (meta.b: kombu put them back in its own
+--   form), cannot be looked for in a list, and wait for the queue timeout.
+-- KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2] (where the broker is this Redis): kombu's unacked hash and its index;
+-- KEYS[FIXED_KEYS + 3 ..]: the queue lists release.lua pushes onto.
+-- ARGV: 1 most calls to look at, 2 default max deliveries, 3 the lease (ms; with KEYS[FIXED_KEYS + 1]),
+-- 4 the default queue timeout (ms; with the lists)
 -- Returns: {calls put back, calls dead-lettered}.
 local UNACKED, UNACKED_INDEX = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 if UNACKED then
@@ -24,7 +39,11 @@ if UNACKED then
         return wrong
     end
 end
-local NEVER_HELD_STEP = 500
+local queue_lists, wrong_list = list_keys(FIXED_KEYS + 3)
+if wrong_list then
+    return wrong_list
+end
+local NEVER_HELD_STEP, QUEUED_STEP, LIST_SCAN, SCAN_BUDGET, RECHECK_LEASES = 500, 100, 1000, 10000, 10
 local now = now_ms()
 local requeued, buried = 0, 0
 
@@ -44,7 +63,7 @@ local function sweep_call(id, meta)
         buried = buried + 1
     else
         redis.call('ZREM', INFLIGHT, id)
-        meta.s = 'swept'
+        meta.s, meta.b = 'swept', nil
         unheld(meta)
         free_slots(id, meta)
         save_meta(id, meta)
@@ -58,6 +77,16 @@ for _, id in ipairs(ids) do
     sweep_call(id, load_inflight_meta(id))
 end
 
+-- The task id in the headers of a delivery kombu noted (its hash holds [message, exchange, routing key] as
+-- JSON, the message's headers before its properties), or nil.
+local function task_id_of(noted)
+    if type(noted) ~= 'string' then
+        return nil
+    end
+    local headers = string.find(noted, '"headers": {', 1, true)
+    return headers and string.match(noted, '"id": "([^"]+)"', headers)
+end
+
 local lease = tonumber(ARGV[3])
 if UNACKED and lease then
     local seen = redis.call('HGET', HISTORY, 'unacked_seen') or '-inf'
@@ -66,9 +95,12 @@ if UNACKED and lease then
     for i = 1, #popped, 2 do
         local tag = popped[i]
         local id, delivery = string.match(tag, '^(.+)%.(%d+)$')
+        if not id then
+            id = task_id_of(redis.call('HGET', UNACKED, tag))  -- a message kombu tagged: its call is its task
+        end
         if id and redis.call('ZSCORE', INFLIGHT, id) then
             local meta = load_inflight_meta(id)
-            if meta.h == nil and meta.s == 'queued' and tonumber(meta.d) == tonumber(delivery) then
+            if meta.h == nil and meta.s == 'queued' and (delivery == nil or tonumber(meta.d) == tonumber(delivery)) then
                 meta.g = tag  -- the delivery kombu holds for the dead worker goes with the sweep
                 sweep_call(id, meta)
             end
@@ -76,6 +108,62 @@ if UNACKED and lease then
     end
     if #popped > 0 then
         redis.call('HSET', HISTORY, 'unacked_seen', popped[#popped])
+    end
+end
+
+-- Calls popped by a worker that died before kombu noted them (see the top of this file).
+local default_queue_ms = tonumber(ARGV[4])
+if UNACKED and lease and default_queue_ms and next(queue_lists) then
+    local recheck_before = now - RECHECK_LEASES * lease  -- pushed before this: looked at once, not again
+    local budget = SCAN_BUDGET  -- list entries LPOS may still compare in this sweep
+    -- 'there' (in its list, in a list too long to tell, or out of budget), or 'gone'; nil: nothing to tell
+    local function whereabouts(id, meta)
+        local list, delivery = meta.l, tonumber(meta.d)
+        if meta.h ~= nil or meta.s ~= 'queued' or meta.b ~= nil or type(list) ~= 'string' or not queue_lists[list]
+            or not delivery or redis.call('HEXISTS', UNACKED, id .. '.' .. string.format('%d', delivery)) == 1 then
+            return nil
+        end
+        local payload = redis.call('HGET', PAYLOADS, id)
+        local message = payload and message_for(id, payload, delivery)
+        if not message then
+            return nil
+        end
+        local length = redis.call('LLEN', list)
+        if length > LIST_SCAN or length > budget then
+            return 'there'
+        end
+        if length == 0 then
+            return 'gone'
+        end
+        budget = budget - length
+        -- From the oldest end, where a call pushed a lease ago is, if it is still there (MAXLEN: never more).
+        return redis.call('LPOS', list, message, 'RANK', -1, 'MAXLEN', length) and 'there' or 'gone'
+    end
+    local seen = redis.call('HGET', HISTORY, 'queued_seen') or '-inf'
+    -- A step of the release gives its calls one deadline: a page holds more than a step, so that the cursor,
+    -- which moves from one whole score to the next, finds the end of one.
+    local page = QUEUED_STEP + tonumber(ARGV[1])
+    local rows = redis.call('ZRANGEBYSCORE', INFLIGHT, '(' .. seen, now - lease + default_queue_ms, 'WITHSCORES',
+        'LIMIT', 0, page)
+    local done, blocked = nil, nil  -- the last score read whole; the first score holding a call to look at again
+    for i = 1, #rows, 2 do
+        local id, score = rows[i], tonumber(rows[i + 1])
+        if not blocked and i > 1 and score ~= tonumber(rows[i - 1]) then
+            done = rows[i - 1]
+        end
+        local meta = load_inflight_meta(id)
+        local where = whereabouts(id, meta)
+        if where == 'gone' then
+            sweep_call(id, meta)
+        elseif where == 'there' and not blocked and score - default_queue_ms > recheck_before then
+            blocked = score  -- the cursor stays before it; the calls after it are still looked at
+        end
+    end
+    if not blocked and #rows > 0 and (#rows < 2 * page or done == nil) then
+        done = rows[#rows]  -- every call up to the last score was read (or one score fills the page)
+    end
+    if done then
+        redis.call('HSET', HISTORY, 'queued_seen', done)
     end
 end
 
