@@ -46,9 +46,10 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         leases = self.leases = Leases(depot, worker.hostname, owns)
 
         def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-            if request is None or getattr(sender, "app", None) is not depot.app or not owns(request):
+            # The mark first: a call never parked (most, in redisdelay_all_tasks mode) has nothing to hold.
+            if request is None or not received_from_store(request):
                 return
-            if received_from_store(request):  # a call never parked has nothing to hold
+            if getattr(sender, "app", None) is depot.app and owns(request):
                 leases.received(request.id, delivery_tag(request))
 
         signals.task_received.connect(on_received, weak=False, dispatch_uid=f"redisdelay-leases-{id(self)}")

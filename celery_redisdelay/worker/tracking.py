@@ -50,7 +50,7 @@ def connect(depot: Depot) -> None:
     its app's delayed tasks, and its plain tasks where ``redisdelay_all_tasks`` or ``redisdelay_park_received``
     parks their delayed calls. Of a plain task only the runs of parked calls are tracked: a run of a call
     never parked (its message has no mark, see :mod:`celery_redisdelay.message.marks`) makes no Redis call."""
-    untracked: set[str] = set()  # runs of calls never parked, until they end
+    tracked: set[str] = set()  # runs of parked calls, until they end
     outbox = depot.outbox
 
     def ours(task: Any) -> bool:
@@ -60,25 +60,26 @@ def connect(depot: Depot) -> None:
         return ours(task) and not getattr(task.request, "is_eager", False)
 
     def on_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
-        if task_id is None or not owns(sender):
+        # The mark first: a run of a call never parked (most, in redisdelay_all_tasks mode) stops here, at the
+        # cost of a look at its request (message/marks.py), and makes no Redis call.
+        if task_id is None or sender is None:
             return
-        parked = request_from_store(sender.request)
-        drop_mark(sender.request)
-        if not parked:
-            untracked.add(task_id)  # never parked: nothing to track, no Redis call (message/marks.py)
+        request = sender.request
+        if not request_from_store(request) or not owns(sender):
             return
+        drop_mark(request)
+        tracked.add(task_id)
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
         # for this worker too, should it come first.
-        outbox.start(task_id, getattr(sender.request, "hostname", None) or "")
+        outbox.start(task_id, getattr(request, "hostname", None) or "")
 
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
     ) -> None:
-        if task_id is None or state is None or not owns(sender):
+        if task_id is None or task_id not in tracked:
             return
-        if task_id in untracked:
-            untracked.discard(task_id)
-        elif finishes_call(state, retval):
+        tracked.discard(task_id)
+        if state is not None and finishes_call(state, retval):
             outbox.ack(task_id)
 
     def on_failure(sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any) -> None:
