@@ -466,7 +466,10 @@ def test_a_key_that_json_escapes_is_one_limit_instance_however_its_gate_is_read(
 
     keys = ["plain", 'quo"te', "back\\slash", "back\\tslash", "ünïcode", "\x01ctl"]
     first = [task.delay(key, 0) for key in keys]
-    second = [task.delay(key, 1) for key in keys]
+    # Due strictly after the first calls: a key's two calls due in the same millisecond would wait in its gate in
+    # the order of their ids.
+    second = [task.apply_async((key, 1), countdown=0.002) for key in keys]
+    wait_for(lambda: rd.stats()["due"] == 2 * len(keys), 5, "every call to be due")
     queue = rd.app.conf.task_default_queue
     release(rd)
     assert {json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)} == {c.id for c in first}
