@@ -12,7 +12,7 @@ project that adopts the extension runs it, plus a keyed batch (``@rd.batched``) 
 (``@rd.delayed(lock=...)``). The runner starts a durable redis-server for the store and the broker
 (``--server redis|valkey|PATH``, else ``$REDISDELAY_REDIS_SERVER``, else Debian's redis-server), a
 redis-server for the ledger that no fault touches, workers of several pools (``--workers
-prefork:2,prefork:2,threads:4``), beat and the releaser. Two producer threads send ``--rate`` calls a second
+prefork:4,prefork:4,threads:12``), beat and the releaser. Two producer threads send ``--rate`` calls a second
 for ``--minutes``, drawn from the seed (``chaos/battle/plan.py``; shares with ``--mix``): calls due now,
 countdowns from 1 s to 10 minutes (times ``--countdown-scale``), retries with a countdown, sleeping tasks,
 keyed batch items, calls under a lock, cancels of parked calls. Faults come on a schedule drawn from the
