@@ -143,7 +143,9 @@ def retrying(self: Any, n: int, countdown: float, retries: int) -> None:
         try:
             self.retry(eta=datetime.fromtimestamp(due, tz=UTC))
         except Retry:
-            # The retry is sent (parked, or published with its eta): the ledger has its send now.
+            # The retry is sent (parked, or published with its eta): the ledger has its send now. Only the
+            # first send of a unit is kept: a run of this attempt again (a duplicate a fault explains) sends
+            # the next attempt again, later, and its due time must not make the first send's run look early.
             record = {
                 "k": "retry",
                 "d": round(due, 4),
@@ -151,7 +153,7 @@ def retrying(self: Any, n: int, countdown: float, retries: int) -> None:
                 "id": str(self.request.id),
                 "c": "celery-eta" if PLAIN else "parked",
             }
-            ledger.hset(SENT, f"{n}.{attempt + 1}", json.dumps(record, separators=(",", ":")))
+            ledger.hsetnx(SENT, f"{n}.{attempt + 1}", _dumps(record))
             raise
 
 
