@@ -7,6 +7,7 @@ worker starts and hands the layers below it what they need.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from typing import Any
@@ -145,7 +146,8 @@ class StaleDeliveryStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         depot = RedisDelay.of(worker.app).depot
-        StaleDeliveries(depot, lambda task: parks_calls_of(depot, task)).install(worker.app.tasks)
+        owns = functools.partial(parks_calls_of, depot)
+        StaleDeliveries(depot, owns, str(worker.hostname or "")).install(worker.app.tasks)
 
 
 class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped

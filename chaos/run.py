@@ -63,6 +63,19 @@ def say(text: str) -> None:
     print(f"[{time.monotonic() - _started:6.1f}s] {text}", flush=True)
 
 
+def run_producers(producers: list[threading.Thread], every: float, progress: Callable[[], str]) -> None:
+    """Start the producer threads and wait until all have ended, saying ``progress()`` every ``every`` seconds."""
+    for producer in producers:
+        producer.start()
+    last = time.monotonic()
+    while any(producer.is_alive() for producer in producers):
+        for producer in producers:
+            producer.join(1.0)
+        if time.monotonic() - last >= every:
+            last = time.monotonic()
+            say(progress())
+
+
 def seconds_since_start() -> float:
     return round(time.monotonic() - _started, 1)
 

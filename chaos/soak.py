@@ -34,7 +34,7 @@ from .config import BATCH_TASK, LOCK_SLOTS, LOCKED_TASK
 from .faults import Clock
 from .ledger import CALL, DEBOUNCE, ITEM, LOCKED, UNIQUE
 from .measure import Sampler, children_of, compare, histogram_bytes, inventory, this_process
-from .run import Run, say
+from .run import Run, run_producers, say
 
 PRODUCERS = 2
 MIX = (CALL,) * 6 + (UNIQUE, DEBOUNCE, LOCKED, ITEM)
@@ -178,15 +178,11 @@ class Soak:
             threading.Thread(target=self.produce, args=(index, began), name=f"producer-{index}", daemon=True)
             for index in range(PRODUCERS)
         ]
-        for producer in producers:
-            producer.start()
-        last_said = 0.0
-        while any(producer.is_alive() for producer in producers):
-            for producer in producers:
-                producer.join(1.0)
-            if time.monotonic() - last_said >= PROGRESS_EVERY:
-                last_said = time.monotonic()
-                say(f"parked {len(self.parked):,}, processed {self.processed():,}{self.run.broker_backlog()}")
+        run_producers(
+            producers,
+            PROGRESS_EVERY,
+            lambda: f"parked {len(self.parked):,}, processed {self.processed():,}{self.run.broker_backlog()}",
+        )
         parked_seconds = time.monotonic() - began
         self.run.stop_faults()
         say(f"parking over after {parked_seconds:.0f}s ({len(self.parked):,} messages); draining")

@@ -96,3 +96,16 @@ def test_a_first_delivery_asks_nothing(rd: RedisDelay) -> None:
     rd.depot.shards.first = lambda call_id, action: asked.append(call_id)  # type: ignore[method-assign,assignment,misc]
     assert not StaleDeliveries(rd.depot, lambda task: True).is_stale(Message())
     assert asked == [], "a first delivery costs no Redis call"
+
+
+def test_a_copy_of_a_call_another_worker_holds_under_a_live_lease_is_stale(rd: RedisDelay, client: redis.Redis) -> None:
+    """kombu restores a message a live worker has held past the visibility timeout (kombu#337), and the messages of
+    a dropped connection: the holder runs the call, so a copy another worker receives meanwhile is dropped. Once
+    the holder's lease has run out, the copy runs (the start takes the call back)."""
+    in_flight(rd, "held")
+    assert rd.store.lease("w1", 60_000, [("held", "held.1")], 1) == []
+    assert not rd.store.current("held", 1, "w2"), "w1 holds it and renews its lease"
+    assert rd.store.current("held", 1, "w1"), "the holder's own copy"
+    assert rd.store.current("held", 1), "a worker that does not say who it is: as before"
+    client.zadd(rd.keys.inflight, {"held": 0})  # w1's lease ran out, the sweep has not run yet
+    assert rd.store.current("held", 1, "w2")

@@ -291,12 +291,13 @@ class CallStore:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
         return bool(self._run("ack", [call_id, outcome], f"acknowledge call {call_id}"))
 
-    def current(self, call_id: str, delivery: int) -> bool:
-        """Whether delivery number ``delivery`` of a call, received again, is its current one (see
-        ``delivery.lua``): False when a later delivery was made or the call no longer waits for this one."""
+    def current(self, call_id: str, delivery: int, worker: str = "") -> bool:
+        """Whether delivery number ``delivery`` of a call, received again by ``worker``, is its current one (see
+        ``delivery.lua``): False when a later delivery was made, another worker holds the call under a live
+        lease, or the call no longer waits for this one."""
         if delivery < 1:
             raise ValueError(f"a delivery number is 1 or more, not {delivery!r}")
-        return bool(self._run("delivery", [call_id, delivery], f"check the delivery of call {call_id}"))
+        return bool(self._run("delivery", [call_id, delivery, worker], f"check the delivery of call {call_id}"))
 
     def track(
         self, entries: Sequence[tuple[str, str]], run_timeout_ms: int, lease_ms: int = 0, worker: str = ""

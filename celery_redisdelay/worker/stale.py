@@ -6,8 +6,10 @@ timeout (where the broker is not the store's Redis; on the store's own server th
 RabbitMQ requeues them as soon as the worker's connection drops. Both mark the message redelivered. The
 worker's message handler of each task whose calls may be parked asks the store about such a message before
 Celery's handler gets it (``delivery.lua``, one round trip, for redelivered messages only): a message of an
-older delivery than the call's current one, or of a call that is finished, cancelled, parked again or
-dead-lettered, is acknowledged and dropped, and logged. A message the store cannot be asked about runs
+older delivery than the call's current one, of a call another worker holds under a lease that has not run out
+(kombu restores a message a live worker has held past the visibility timeout, and those of a dropped
+connection), or of a call that is finished, cancelled, parked again or dead-lettered, is acknowledged and
+dropped, and logged. A message the store cannot be asked about runs
 (at-least-once). First deliveries are not asked about: they cost nothing.
 """
 
@@ -33,9 +35,10 @@ ORIGINAL = "_redisdelay_stale_strategy"
 class StaleDeliveries:
     """Drops the redelivered messages of parked calls that are not the call's current delivery."""
 
-    def __init__(self, depot: Depot, owns: Callable[[Any], bool]) -> None:
+    def __init__(self, depot: Depot, owns: Callable[[Any], bool], hostname: str = "") -> None:
         self.depot = depot
         self.owns = owns  # whether a task's calls may be parked in this depot
+        self.hostname = hostname  # the worker's: a copy of a call another worker holds is stale
 
     def install(self, tasks: Any) -> int:
         """Wrap the message handler of each task whose calls may be parked (see :mod:`.strategies`); how many."""
@@ -51,7 +54,9 @@ class StaleDeliveries:
         if call_id is None or number is None:
             return False  # not a delivery of a parked call
         try:
-            current = self.depot.shards.first(str(call_id), lambda store: store.current(str(call_id), number))
+            current = self.depot.shards.first(
+                str(call_id), lambda store: store.current(str(call_id), number, self.hostname)
+            )
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not check redelivered call %s; it runs: %s", call_id, exc)
             return False

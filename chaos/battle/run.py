@@ -30,7 +30,7 @@ from celery_redisdelay.testing import RedisServer
 
 from ..faults import Clock, Fault
 from ..measure import children_of, inventory, rss_kib
-from ..run import say
+from ..run import run_producers, say
 from ..topology import Standalone
 from .analysis import CELERY_ETA, CELERY_NOW, PARKED
 from .config import (
@@ -350,15 +350,7 @@ class Battle:
             threading.Thread(target=self.produce, args=(index, began, seconds), name=f"producer-{index}", daemon=True)
             for index in range(PRODUCERS)
         ]
-        for producer in producers:
-            producer.start()
-        last = time.monotonic()
-        while any(producer.is_alive() for producer in producers):
-            for producer in producers:
-                producer.join(1.0)
-            if time.monotonic() - last >= PROGRESS_SECONDS:
-                last = time.monotonic()
-                say(f"sent {self.sent:,}, ran {self.done():,}{self.backlog()}")
+        run_producers(producers, PROGRESS_SECONDS, lambda: f"sent {self.sent:,}, ran {self.done():,}{self.backlog()}")
         sending = time.monotonic() - began
         self.producing.clear()
         self.injector.finish()

@@ -2,13 +2,25 @@
 -- deliveries a dead worker held after its visibility timeout, a broker such as RabbitMQ requeues them at once,
 -- and the sweep delivers the call again once its lease runs out: a worker asks before it runs a message that
 -- says it was redelivered (worker/stale.py), so that one delivery runs, not two.
--- ARGV: 1 id, 2 the delivery's number (its tag '<id>.<n>', or 1 + its x-delivery-count header)
--- Returns: 1 current: the call is in flight and no later delivery was made, or the sweep put this delivery's
--- call back and has not delivered it again yet (the start takes it back); 0 stale: a later delivery was made,
--- or the call is finished, cancelled, parked again (a retry, a lock's deferral) or dead-lettered.
-local id, n = ARGV[1], tonumber(ARGV[2])
-if redis.call('ZSCORE', INFLIGHT, id) then
-    return (tonumber(load_inflight_meta(id).d) or 0) <= n and 1 or 0
+-- A copy can also come while the delivery is still held: kombu restores a message a live worker has held
+-- longer than the visibility timeout (kombu#337), and the messages of a connection that was dropped. The worker
+-- that holds it under a lease that has not run out runs it; should that worker die, the lease runs out and the
+-- sweep delivers the call again. So a copy another worker receives meanwhile is stale.
+-- ARGV: 1 id, 2 the delivery's number (its tag '<id>.<n>', or 1 + its x-delivery-count header), 3 the worker
+-- asking ('' when not said)
+-- Returns: 1 current: the call is in flight, no later delivery was made and no other worker holds it under a
+-- live lease, or the sweep put this delivery's call back and has not delivered it again yet (the start takes it
+-- back); 0 stale: a later delivery was made, another worker holds it, or the call is finished, cancelled, parked
+-- again (a retry, a lock's deferral) or dead-lettered.
+local id, n, worker = ARGV[1], tonumber(ARGV[2]), ARGV[3] or ''
+local deadline = redis.call('ZSCORE', INFLIGHT, id)
+if deadline then
+    local meta = load_inflight_meta(id)
+    if (tonumber(meta.d) or 0) > n then
+        return 0
+    end
+    local holder = meta.h
+    return (type(holder) == 'string' and worker ~= '' and holder ~= worker and tonumber(deadline) >= now_ms()) and 0 or 1
 end
 local meta = load_meta(id)
 if meta.s == 'swept' and redis.call('ZSCORE', DELAYED, id) and (tonumber(meta.d) or 0) == n then
