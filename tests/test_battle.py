@@ -66,9 +66,11 @@ def send(kind: str, due: float, sent: float, path: str, **extra: Any) -> dict[st
     return {"k": kind, "d": due, "t": sent, "id": "x", "c": path, **extra}
 
 
-def run(unit: str, start: float, end: float, worker: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    host = f"{worker}@h"
-    return {"u": unit, "t": start, "w": host, "p": 1}, {"u": unit, "s": start, "e": end, "w": host, "p": 1}
+def run(
+    unit: str, start: float, end: float, worker: str, due: float | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    host, own = f"{worker}@h", {} if due is None else {"d": due}
+    return {"u": unit, "t": start, "w": host, "p": 1, **own}, {"u": unit, "s": start, "e": end, "w": host, **own}
 
 
 def fault(kind: str, wall: float, target: str = "", back: float = 1.0) -> dict[str, Any]:
@@ -88,6 +90,9 @@ def test_the_analysis_sorts_every_unit() -> None:
         "8.0": send(CANCEL, T0 + 3, T0, PARKED),  # the cancel came too late: ran once
         "9.0": send(NOW, T0 + 40, T0 + 40, CELERY_NOW),  # ran twice with no fault between
         "10.0": send(NOW, T0 + 11, T0 + 11, CELERY_NOW),  # received by the killed worker, ran again later
+        # A retry sent twice (its attempt ran again after a fault): the ledger heard of the second send only,
+        # and the run of the first is judged by the due time its message carried, not early.
+        "11.1": send("retry", T0 + 50, T0 + 45, PARKED),
     }
     runs = [
         run("1.0", T0 + 0.01, T0 + 0.02, "worker0-1"),
@@ -98,6 +103,7 @@ def test_the_analysis_sorts_every_unit() -> None:
         run("9.0", T0 + 40.0, T0 + 40.1, "worker1-2"),
         run("9.0", T0 + 41.0, T0 + 41.1, "worker1-2"),
         run("10.0", T0 + 25.0, T0 + 25.1, "worker1-2"),
+        run("11.1", T0 + 30.5, T0 + 30.6, "worker1-2", due=T0 + 30.0),
     ]
     starts = [start for start, _ in runs] + [{"u": "5.0", "t": T0 + 11.5, "w": "worker0-1@h", "p": 1}]
     ends = [end for _, end in runs]
@@ -106,8 +112,8 @@ def test_the_analysis_sorts_every_unit() -> None:
 
     data = Outcome(sends, starts, ends, {"7.0": True, "8.0": False}, faults, received).as_dict()
 
-    assert data["sent"] == 10 and data["expected"] == 9 and data["cancelled"] == 1 and data["cancel_too_late"] == 1
-    assert data["exactly_once"] == 4  # 1, 6, 8, 10
+    assert data["sent"] == 11 and data["expected"] == 10 and data["cancelled"] == 1 and data["cancel_too_late"] == 1
+    assert data["exactly_once"] == 5  # 1, 6, 8, 10, 11
     lost = {row["unit"]: row for row in data["lost"]["rows"]}
     assert set(lost) == {"3.0", "4.0", "5.0"}
     assert (
@@ -121,6 +127,7 @@ def test_the_analysis_sorts_every_unit() -> None:
     assert [row["unit"] for row in data["early"]["rows"]] == ["6.0"]
     assert data["lateness"][PARKED] == {"n": 3, "p50": 0.0, "p99": 0.0, "max": 0.0}  # 2.0, 8.0 on time; 6.0 -1 s
     assert data["lateness"][CELERY_NOW]["max"] == pytest.approx(14.0)  # 10.0: due at 11, ran at 25
+    assert data["lateness"][f"{PARKED} (retry)"]["max"] == pytest.approx(0.5)  # by its own due time
     assert data["per_worker_sigkill"]["sigkills"] == 1 and data["per_worker_sigkill"]["lost"] == 3.0
     kill = data["recovery"][0]
     assert kill["cut_short"] == 1 and kill["held"] == 1 and kill["not_run_again"] == 1

@@ -11,8 +11,9 @@ of one (a run that ended was acknowledged, or about to be), and every cancel.
   (acknowledged when its run starts) and what Celery loses is reported, split the same way;
 * duplicate: more than one end; each is tied to the fault that explains it (the worker killed after the
   first run, a Redis or connection fault between the two, or a send the producer made again after an error);
-* early: a start before the unit's due time;
-* lateness: the first start less the due time (the send, for a call due now);
+* early: a start before the unit's due time: the one the run's own message carried (a retry's, which a fault
+  may have sent twice, the ledger hearing of one send only), else its send's;
+* lateness: the first start less that due time (the send, for a call due now);
 * recovery: for each fault, the runs it cut short or the calls due while it lasted, and how long until each
   started again.
 """
@@ -97,13 +98,16 @@ class Outcome:
     def expected(self, unit: str) -> int:
         return 0 if self.cancels.get(unit) else 1
 
-    def first_start(self, unit: str) -> float | None:
-        ends = self.ends.get(unit)
-        return min(end["s"] for end in ends) if ends else None
+    def due(self, unit: str, run: Mapping[str, Any]) -> float:
+        """The due time a run is judged by: the one its own message carried (a retry's), else its send's."""
+        return float(run.get("d", self.sends[unit]["d"]))
 
     def lateness(self, unit: str) -> float | None:
-        first = self.first_start(unit)
-        return None if first is None else first - float(self.sends[unit]["d"])
+        ends = self.ends.get(unit)
+        if not ends:
+            return None
+        first = min(ends, key=lambda end: end["s"])
+        return float(first["s"]) - self.due(unit, first)
 
     def lost_explanation(self, unit: str) -> tuple[str, str]:
         """(category, why): ``bound`` for a parked call acknowledged within the fsync bound before a SIGKILL of
@@ -218,11 +222,11 @@ class Outcome:
                 # A batch item waits for its batch by design (up to max_wait): not late for the comparison.
                 late_count += lateness > late_seconds and send["k"] != "batch"
         early = [
-            {"unit": unit, "early_s": round(float(self.sends[unit]["d"]) - start["t"], 4), "worker": start["w"]}
+            {"unit": unit, "early_s": round(self.due(unit, start) - start["t"], 4), "worker": start["w"]}
             for unit, starts in self.starts.items()
             if unit in self.sends
             for start in starts
-            if start["t"] < float(self.sends[unit]["d"]) - EARLY_TOLERANCE
+            if start["t"] < self.due(unit, start) - EARLY_TOLERANCE
         ]
         runs_unsent = sorted(unit for unit in self.ends if unit not in self.sends)
         lost_parked = [row for row in lost if row["path"] == PARKED]

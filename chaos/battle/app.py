@@ -76,12 +76,16 @@ def _dumps(record: dict[str, Any]) -> str:
     return json.dumps(record, separators=(",", ":"))
 
 
-def _start_record(request: Any, unit: str, began: float) -> dict[str, Any]:
-    return {"u": unit, "t": round(began, 4), "w": str(request.hostname), "p": os.getpid()}
+def _start_record(request: Any, unit: str, began: float, due: float | None = None) -> dict[str, Any]:
+    record = {"u": unit, "t": round(began, 4), "w": str(request.hostname), "p": os.getpid()}
+    if due is not None:
+        record["d"] = due
+    return record
 
 
-def _end_record(request: Any, unit: str, began: float) -> dict[str, Any]:
+def _end_record(request: Any, unit: str, began: float, due: float | None = None) -> dict[str, Any]:
     return {
+        **({} if due is None else {"d": due}),
         "u": unit,
         "s": round(began, 4),
         "e": round(time.time(), 4),
@@ -106,16 +110,17 @@ def ended(request: Any, unit: str, began: float) -> None:
     pipe.execute()
 
 
-def ran(request: Any, units: list[str]) -> None:
+def ran(request: Any, units: list[str], due: float | None = None) -> None:
     """The start and the end of runs with no body to be killed in, in one round trip (the ledger's writes
     are most of the battle's work in a worker): a kill before it leaves the run unrecorded, as a kill
-    before a separate start record would; a kill after it finds the run ended."""
+    before a separate start record would; a kill after it finds the run ended. ``due``: the due time the
+    run's own message carries (a retry's), which the analysis judges it by."""
     if not units:
         return
     began = time.time()
     pipe = ledger.pipeline(transaction=False)
-    pipe.rpush(STARTS, *(_dumps(_start_record(request, unit, began)) for unit in units))
-    pipe.rpush(ENDS, *(_dumps(_end_record(request, unit, began)) for unit in units))
+    pipe.rpush(STARTS, *(_dumps(_start_record(request, unit, began, due)) for unit in units))
+    pipe.rpush(ENDS, *(_dumps(_end_record(request, unit, began, due)) for unit in units))
     pipe.sadd(DONE, *units)
     pipe.execute()
 
@@ -133,22 +138,26 @@ def work(self: Any, n: int, sleep: float = 0.0) -> None:
 
 
 @app.task(name=RETRY_TASK, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
-def retrying(self: Any, n: int, countdown: float, retries: int) -> None:
-    """A call that retries itself ``retries`` times, each ``countdown`` seconds later (``self.retry``)."""
+def retrying(self: Any, n: int, countdown: float, retries: int, due: float | None = None) -> None:
+    """A call that retries itself ``retries`` times, each ``countdown`` seconds later (``self.retry``).
+
+    Each retry carries its own due time (``due``), and its run records it: a run of this attempt again (a
+    duplicate a fault explains) sends the next attempt again, later, and the ledger may have only one of
+    the two sends (a kill between the retry and its record), so a run is judged by the due time of the
+    message it came from, not by the send the ledger kept."""
     attempt = int(self.request.retries)
     unit = f"{n}.{attempt}"
-    ran(self.request, [unit])
+    ran(self.request, [unit], due)
     if attempt < retries:
-        due = time.time() + countdown
+        due = round(time.time() + countdown, 4)
         try:
-            self.retry(eta=datetime.fromtimestamp(due, tz=UTC))
+            self.retry(args=(n, countdown, retries, due), eta=datetime.fromtimestamp(due, tz=UTC))
         except Retry:
             # The retry is sent (parked, or published with its eta): the ledger has its send now. Only the
-            # first send of a unit is kept: a run of this attempt again (a duplicate a fault explains) sends
-            # the next attempt again, later, and its due time must not make the first send's run look early.
+            # first send the ledger hears of is kept, for the unit's lateness (see above for its earliness).
             record = {
                 "k": "retry",
-                "d": round(due, 4),
+                "d": due,
                 "t": round(time.time(), 4),
                 "id": str(self.request.id),
                 "c": "celery-eta" if PLAIN else "parked",
