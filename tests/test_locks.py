@@ -256,6 +256,53 @@ def test_a_deferred_call_rescheduled_by_hand_is_not_woken_early(rd: RedisDelay, 
     assert client.hget(rd.keys.counters, "lock_lines") == b"0", "the count never goes below zero"
 
 
+def test_a_lock_whose_holder_is_gone_is_taken_over(rd: RedisDelay, client: redis.Redis) -> None:
+    task = order_task(rd)
+    holder, waiter, third, fourth = (task.apply_async(kwargs={"order_id": 9}).id for _ in range(4))
+    assert {call.id for call in rd.store.claim(10, 30_000)} == {holder, waiter, third, fourth}
+    assert rd.store.start(holder, 30_000, 300, "w1@h") == 1  # under a 300 ms lease of worker w1
+    assert rd.store.lock_take("order:9", "tok-a", 60_000, holder, 3000)[0] == 1
+    assert client.get(rd.keys.lock("order:9")) == f"tok-a|{holder}".encode(), "a tracked call names itself"
+    assert rd.store.start(waiter, 30_000, 30_000, "w2@h") == 1
+    assert rd.store.lock_take("order:9", "tok-b", 60_000, waiter, 3000)[0] == 0, "busy while the lease lives"
+
+    deadline = client.zscore(rd.keys.inflight, holder)
+    assert deadline is not None
+    wait_for(lambda: redis_ms(client) > deadline, WAIT, "the holder's lease to run out")
+    assert rd.store.start(third, 30_000, 30_000, "w2@h") == 1
+    status, remaining = rd.store.lock_take("order:9", "tok-c", 60_000, third, 3000)
+    assert (status, remaining) == (2, 0), "a holder whose lease ran out has lost its lock"
+    assert client.get(rd.keys.lock("order:9")) == f"tok-c|{third}".encode()
+    assert 59_000 < client.pttl(rd.keys.lock("order:9")) <= 60_000, "with the taker's own expiry"
+    assert client.hget(rd.keys.counters, "lock_takeovers") == b"1"
+    assert rd.store.lock_release("order:9", "tok-a") is False, "the dead holder's token releases nothing"
+    assert rd.store.lock_extend("order:9", "tok-a", 60_000) is False
+    assert rd.store.lock_extend("order:9", "tok-c", 60_000) is True, "the taker's token extends it"
+
+    # A holder no longer in flight (finished, swept back) has lost it too, and so has a holder one of whose new
+    # deliveries asks: its old run is gone, or that delivery would have been dropped as stale.
+    assert rd.store.ack(third)
+    assert rd.store.start(fourth, 30_000, 30_000, "w2@h") == 1
+    assert rd.store.lock_take("order:9", "tok-d", 60_000, fourth, 3000)[0] == 2
+    assert rd.store.lock_take("order:9", "tok-e", 60_000, fourth, 3000)[0] == 2
+    assert rd.store.lock_release("order:9", "tok-e") is True
+    woken = rd.find(waiter)
+    assert woken is not None and woken.score_ms <= redis_ms(client), "and its release wakes the line"
+    assert client.hget(rd.keys.counters, "lock_takeovers") == b"3"
+
+
+def test_a_lock_held_outside_tasks_is_never_taken_over(rd: RedisDelay, client: redis.Redis) -> None:
+    call_id = order_task(rd).apply_async(kwargs={"order_id": 5}).id
+    rd.store.claim(10, 30_000)
+    rd.store.start(call_id, 30_000)
+    outside = rd.lock("order:5", timeout=60)
+    assert outside.acquire(blocking=False)
+    assert rd.store.lock_take("order:5", "tok", 5000, call_id, 3000)[0] == 0
+    assert rd.store.lock_take("order:5", "tok", 5000, "", 0)[0] == 0
+    assert holds(client, rd, outside) and outside.release()
+    assert client.hget(rd.keys.counters, "lock_takeovers") is None
+
+
 def test_lock_take_for_an_untracked_call_changes_nothing(rd: RedisDelay, client: redis.Redis) -> None:
     parked = order_task(rd).apply_async(kwargs={"order_id": 42}).id  # delayed, not in flight
     outside = rd.lock("order:42")

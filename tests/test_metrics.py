@@ -68,6 +68,7 @@ def test_totals_count_each_change_once(make_app: MakeApp, client: redis.Redis, f
         "cancelled": 1,
         "batches_flushed": 0,
         "lock_deferrals": 0,
+        "lock_takeovers": 0,
         "limited": 0,
     }
     assert shot.states["inflight"] == 2 and shot.states["dead"] == 2

@@ -170,6 +170,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.tokens: dict[str, list[str]] = {name: [] for name in LOCKS}
         self.waiters: dict[str, dict[str, float]] = {name: {} for name in LOCKS}
         self.lock_deferrals = 0
+        self.lock_takeovers = 0
         self.counter = 0
         self.checks = 0
         self.seen_d: dict[str, tuple[int, int]] = {}
@@ -628,10 +629,15 @@ class StoreMachine(RuleBasedStateMachine):
         token = self.fresh("token")
         self.tokens[name].append(token)
         status, remaining = self.store.lock_take(name, token, ttl, call_id, retry)
-        if self.holders[name] is None:
-            assert (status, remaining) == (1, 0)
+        call = self.in_state(call_id, "inflight") if call_id else None
+        value = token if call is None else f"{token}|{call_id}"  # a tracked call holds it under its id
+        held = self.holders[name]
+        gone = held is not None and "|" in held and self.gone(held.split("|", 1)[1], call_id)
+        if held is None or gone:
+            assert (status, remaining) == ((2, 0) if gone else (1, 0))
+            self.lock_takeovers += gone
             self.waiters[name].pop(call_id, None)
-            self.holders[name] = token
+            self.holders[name] = value
             if ttl == SOON:  # wait for the lock to expire: then nobody holds it
                 lock = self.keys.lock(name)
                 deadline = time.monotonic() + WAIT
@@ -641,7 +647,6 @@ class StoreMachine(RuleBasedStateMachine):
                 self.holders[name] = None
             return
         assert remaining > FAR // 2, "the lock held has its long expiry"
-        call = self.in_state(call_id, "inflight") if call_id else None
         if not call_id:
             assert status == 0
         elif call is None:
@@ -658,17 +663,22 @@ class StoreMachine(RuleBasedStateMachine):
                 assert score is not None
                 self.waiters[name][call_id] = score
 
+    def gone(self, holder: str, asking: str) -> bool:
+        """Whether a lock's holding call has lost it: no longer in flight, past its deadline, or asking again."""
+        call = self.in_state(holder, "inflight")
+        return holder == asking or call is None or call.soon
+
     @precondition(lambda self: any(self.tokens.values()))
     @rule(name=st.sampled_from(LOCKS), which=st.sampled_from(["holder", "holder", "stale", "random"]))
     def lock_release(self, name: str, which: str) -> None:
         holder = self.holders[name]
         if which == "holder" and holder is not None:
-            token = holder
+            token = holder.split("|", 1)[0]
         elif which == "stale" and self.tokens[name]:
             token = self.tokens[name][0]
         else:
             token = self.fresh("token")
-        released = token == holder
+        released = holder is not None and holder.split("|", 1)[0] == token
         assert self.store.lock_release(name, token) is released
         if not released:
             return
@@ -842,6 +852,7 @@ class StoreMachine(RuleBasedStateMachine):
                 assert ttl > FAR // 2
             assert snap.waiters[name] == self.waiters[name]
         assert snap.counters.get("lock_deferrals", 0) == self.lock_deferrals
+        assert snap.counters.get("lock_takeovers", 0) == self.lock_takeovers
         assert snap.wake <= 16, "precise releasers need at most 16 wake-up markers"
 
         # The read side agrees.

@@ -33,6 +33,7 @@ TOTALS = {
     "cancelled": ("cancelled", "Parked calls dropped by cancel, or by a worker that heard their revoke."),
     "batches_flushed": ("batches_flushed", "Batch groups turned into one call."),
     "lock_deferrals": ("lock_deferrals", "Calls deferred because their lock was busy."),
+    "lock_takeovers": ("lock_takeovers", "Locks taken over from a call whose run was gone (its worker died)."),
     "limited": ("held_by_limits", "Due calls their limits held back (each counted once, when it began to wait)."),
 }
 

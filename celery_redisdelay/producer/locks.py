@@ -50,7 +50,7 @@ class Lock:
         deadline = None if self.blocking_timeout is None else time.monotonic() + self.blocking_timeout
         while True:
             status, remaining_ms = self.store.lock_take(self.name, token, ttl_ms)
-            if status == 1:
+            if status >= 1:  # 2: taken over from a task whose run was gone
                 self.token = token
                 return True
             left = LONGEST_WAIT if deadline is None else deadline - time.monotonic()

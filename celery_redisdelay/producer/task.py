@@ -121,6 +121,13 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
         if status < 0:
             # Not a call of our store (sent by name, or already acknowledged): retry through the delay store.
             raise self.retry(countdown=self.lock_retry, max_retries=None)
+        if status == 2:
+            logger.warning(
+                "redisdelay: %s[%s] took lock %s over from a call whose run was gone (its worker died)",
+                self.name,
+                request.id,
+                name,
+            )
         try:
             return super().__call__(*args, **kwargs)
         finally:

@@ -2,30 +2,52 @@
 -- asked for it, the call is deferred in the same step: back to the delay set (due when the lock
 -- expires, at the latest after the retry interval), without counting a delivery, and in line among
 -- the lock's waiters, so the holder's release wakes it at once.
--- KEYS[FIXED_KEYS + 1]: the lock (string: the holder's token), KEYS[FIXED_KEYS + 2]: its waiters (zset: id -> first deferral)
+-- A tracked call holds the lock as 'token|id': a lock whose holder is no longer in flight, or whose lease
+-- or deadline ran out (its worker died), is taken over by the next asker rather than left held until it
+-- expires; so is one the holder's own new delivery asks for (its old run is gone, or this delivery would
+-- have been dropped as stale at its start). A holder that still lives then finds, at its release, that it
+-- lost the lock, as when the lock expires under it.
+-- KEYS[FIXED_KEYS + 1]: the lock (string: the holder's token, '|' and its call id when it is a tracked call),
+-- KEYS[FIXED_KEYS + 2]: its waiters (zset: id -> first deferral)
 -- ARGV: 1 token, 2 expiry (ms), 3 id of the call asking ('' outside a task), 4 retry interval (ms)
--- Returns: {status, the lock's remaining ms}; status 1 taken, 0 busy (the call, if any, is deferred),
---          -1 busy and the call is not in flight here (nothing changed).
+-- Returns: {status, the lock's remaining ms}; status 1 taken, 2 taken over from a holder whose run is gone,
+--          0 busy (the call, if any, is deferred), -1 busy and the call is not in flight here (nothing changed).
 local LOCK, WAITERS = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset')
 if wrong then
     return wrong
 end
 local token, id = ARGV[1], ARGV[3]
-if redis.call('SET', LOCK, token, 'NX', 'PX', tonumber(ARGV[2])) then
+local tracked = id ~= '' and redis.call('ZSCORE', INFLIGHT, id)
+local value = tracked and (token .. '|' .. id) or token
+local now = now_ms()
+
+local function taken(status)
     if id ~= '' and redis.call('ZREM', WAITERS, id) == 1 then
         line_emptied(WAITERS)
     end
-    return {1, 0}
+    return {status, 0}
+end
+
+if redis.call('SET', LOCK, value, 'NX', 'PX', tonumber(ARGV[2])) then
+    return taken(1)
+end
+local holder = string.match(redis.call('GET', LOCK) or '', '^[^|]*|(.+)$')
+if holder then
+    local deadline = redis.call('ZSCORE', INFLIGHT, holder)
+    if holder == id or not deadline or tonumber(deadline) < now then
+        redis.call('SET', LOCK, value, 'PX', tonumber(ARGV[2]))
+        redis.call('HINCRBY', COUNTERS, 'lock_takeovers', 1)
+        return taken(2)
+    end
 end
 local ttl = redis.call('PTTL', LOCK)
 if id == '' then
     return {0, ttl}
 end
-if not redis.call('ZSCORE', INFLIGHT, id) then
+if not tracked then
     return {-1, ttl}
 end
-local now = now_ms()
 local wait = tonumber(ARGV[4])
 if ttl >= 0 then
     wait = math.min(wait, ttl + 1)

@@ -22,6 +22,7 @@
 --   KEYS[8] counters  hash  batch_items (items waiting in all groups), and running totals for metrics:
 --       released, late_ms_sum, late_le_<ms> (release lateness, see count_releases), swept, dead_lettered,
 --       acked, revoked, expired (discarded unrun by a worker), cancelled, batches_flushed, lock_deferrals,
+--       lock_takeovers (locks taken over from a holder whose run was gone, see lock_take.lua),
 --       limit_released:<limit> (calls a limit let go); lock_lines (locks with a non-empty line of waiters)
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
 --   KEYS[10] history  hash  the same totals per minute, '<minute>:<name>' -> count (minute: ms // 60000),
