@@ -630,9 +630,10 @@ class StoreMachine(RuleBasedStateMachine):
         self.tokens[name].append(token)
         status, remaining = self.store.lock_take(name, token, ttl, call_id, retry)
         call = self.in_state(call_id, "inflight") if call_id else None
-        value = token if call is None else f"{token}|{call_id}"  # a tracked call holds it under its id
+        value = token if call is None else f"{token}|{call.d}|{call_id}"  # a tracked call holds it as itself
         held = self.holders[name]
-        gone = held is not None and "|" in held and self.gone(held.split("|", 1)[1], call_id)
+        _, held_delivery, holder = (held or "").split("|", 2) if (held or "").count("|") >= 2 else ("", "", "")
+        gone = bool(holder) and self.gone(holder, held_delivery, call_id)
         if held is None or gone:
             assert (status, remaining) == ((2, 0) if gone else (1, 0))
             self.lock_takeovers += gone
@@ -647,7 +648,7 @@ class StoreMachine(RuleBasedStateMachine):
                 self.holders[name] = None
             return
         assert remaining > FAR // 2, "the lock held has its long expiry"
-        if not call_id:
+        if not call_id or holder == call_id:  # a copy of the holding delivery is not deferred
             assert status == 0
         elif call is None:
             assert status == -1
@@ -663,10 +664,11 @@ class StoreMachine(RuleBasedStateMachine):
                 assert score is not None
                 self.waiters[name][call_id] = score
 
-    def gone(self, holder: str, asking: str) -> bool:
-        """Whether a lock's holding call has lost it: no longer in flight, past its deadline, or asking again."""
+    def gone(self, holder: str, delivery: str, asking: str) -> bool:
+        """Whether a lock's holding call has lost it: no longer in flight, past its deadline, or asking again in
+        a later delivery."""
         call = self.in_state(holder, "inflight")
-        return holder == asking or call is None or call.soon
+        return call is None or call.soon or (holder == asking and str(call.d) != delivery)
 
     @precondition(lambda self: any(self.tokens.values()))
     @rule(name=st.sampled_from(LOCKS), which=st.sampled_from(["holder", "holder", "stale", "random"]))

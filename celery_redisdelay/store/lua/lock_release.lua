@@ -10,7 +10,7 @@ if wrong then
 end
 local held = redis.call('GET', LOCK)
 if held ~= ARGV[1] and (not held or string.sub(held, 1, #ARGV[1] + 1) ~= ARGV[1] .. '|') then
-    return 0  -- a tracked call holds it as 'token|id' (lock_take.lua)
+    return 0  -- a tracked call holds it as 'token|delivery|id' (lock_take.lua)
 end
 redis.call('DEL', LOCK)
 -- Waiters that are gone (cancelled, finished, dead-lettered) or no longer deferred are dropped on the

@@ -2,16 +2,17 @@
 -- asked for it, the call is deferred in the same step: back to the delay set (due when the lock
 -- expires, at the latest after the retry interval), without counting a delivery, and in line among
 -- the lock's waiters, so the holder's release wakes it at once.
--- A tracked call holds the lock as 'token|id': a lock whose holder is no longer in flight, or whose lease
--- or deadline ran out (its worker died), is taken over by the next asker rather than left held until it
--- expires; so is one the holder's own new delivery asks for (its old run is gone, or this delivery would
--- have been dropped as stale at its start). A holder that still lives then finds, at its release, that it
--- lost the lock, as when the lock expires under it.
--- KEYS[FIXED_KEYS + 1]: the lock (string: the holder's token, '|' and its call id when it is a tracked call),
+-- A tracked call holds the lock as 'token|delivery|id': a lock whose holder is no longer in flight, or whose
+-- lease or deadline ran out (its worker died), is taken over by the next asker rather than left held until
+-- it expires; so is one that a later delivery of the holder asks for (its old run is gone, or the sweep would
+-- not have delivered it again). A copy of the holding delivery (kombu restored its message) finds it busy
+-- and is not deferred: the run that holds the lock finishes the call. A holder that still lives then finds,
+-- at its release, that it lost the lock, as when it expires under it.
+-- KEYS[FIXED_KEYS + 1]: the lock (string: the holder's token; for a tracked call '|', its delivery, '|', its id),
 -- KEYS[FIXED_KEYS + 2]: its waiters (zset: id -> first deferral)
 -- ARGV: 1 token, 2 expiry (ms), 3 id of the call asking ('' outside a task), 4 retry interval (ms)
 -- Returns: {status, the lock's remaining ms}; status 1 taken, 2 taken over from a holder whose run is gone,
---          0 busy (the call, if any, is deferred), -1 busy and the call is not in flight here (nothing changed).
+--          0 busy (the call, if any, is deferred, unless it is the holder), -1 busy and the call is not in flight here (nothing changed).
 local LOCK, WAITERS = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset')
 if wrong then
@@ -19,7 +20,8 @@ if wrong then
 end
 local token, id = ARGV[1], ARGV[3]
 local tracked = id ~= '' and redis.call('ZSCORE', INFLIGHT, id)
-local value = tracked and (token .. '|' .. id) or token
+local delivery = tracked and tostring(tonumber(load_inflight_meta(id).d) or 0)
+local value = tracked and table.concat({token, delivery, id}, '|') or token
 local now = now_ms()
 
 local function taken(status)
@@ -32,18 +34,18 @@ end
 if redis.call('SET', LOCK, value, 'NX', 'PX', tonumber(ARGV[2])) then
     return taken(1)
 end
-local holder = string.match(redis.call('GET', LOCK) or '', '^[^|]*|(.+)$')
+local held_delivery, holder = string.match(redis.call('GET', LOCK) or '', '^[^|]*|(%d+)|(.+)$')
 if holder then
     local deadline = redis.call('ZSCORE', INFLIGHT, holder)
-    if holder == id or not deadline or tonumber(deadline) < now then
+    if not deadline or tonumber(deadline) < now or (holder == id and delivery ~= held_delivery) then
         redis.call('SET', LOCK, value, 'PX', tonumber(ARGV[2]))
         redis.call('HINCRBY', COUNTERS, 'lock_takeovers', 1)
         return taken(2)
     end
 end
 local ttl = redis.call('PTTL', LOCK)
-if id == '' then
-    return {0, ttl}
+if id == '' or holder == id then
+    return {0, ttl}  -- (a copy of the delivery that holds it: nothing to defer, the holding run finishes the call)
 end
 if not tracked then
     return {-1, ttl}
