@@ -45,6 +45,12 @@ def snapshot(client: redis.Redis, rd: RedisDelay, name: str) -> dict[str, Any]:
     return {key: client.dump(key) for key in [*rd.keys.store_keys, *lock_keys(rd, name)]}
 
 
+def a_millisecond_later(client: redis.Redis) -> None:
+    """Wait until the Redis clock has passed the current millisecond."""
+    now = redis_ms(client)
+    wait_for(lambda: redis_ms(client) > now, WAIT, "the Redis clock to pass a millisecond")
+
+
 def holds(client: redis.Redis, rd: RedisDelay, lock: Lock) -> bool:
     """Whether Redis has ``lock``'s name held by ``lock``'s token."""
     return lock.token is not None and client.get(rd.keys.lock(lock.name)) == lock.token.encode()
@@ -234,6 +240,38 @@ def test_a_busy_lock_defers_a_tracked_call_and_the_release_wakes_it(rd: RedisDel
     assert not client.exists(rd.keys.lock_waiters("order:42")), "the taker leaves the line"
     assert client.hget(rd.keys.counters, "lock_lines") == b"0", "and the line is gone"
     assert rd.store.lock_release("order:42", "tok") is True
+
+
+def test_only_the_first_in_line_polls_and_each_release_wakes_the_next(rd: RedisDelay, client: redis.Redis) -> None:
+    task = order_task(rd)
+    first, second, third = (task.apply_async(kwargs={"order_id": 3}).id for _ in range(3))
+    rd.store.claim(10, 30_000)
+    for call_id in (first, second, third):
+        rd.store.start(call_id, 30_000)
+    outside = rd.lock("order:3", timeout=600)
+    assert outside.acquire(blocking=False)
+    deferred_at = {}
+    for call_id in (first, second, third):
+        deferred_at[call_id] = redis_ms(client)
+        assert rd.store.lock_take("order:3", "tok", 5000, call_id, 3000)[0] == 0
+        a_millisecond_later(client)  # the line is in time order
+    due = {call_id: entry.score_ms for call_id in (first, second, third) if (entry := rd.find(call_id))}
+    assert deferred_at[first] + 3000 <= due[first] <= deferred_at[second] + 3000, "the first in line tries again"
+    for call_id in (second, third):
+        assert due[call_id] > redis_ms(client) + 590_000, "the rest wait for a release or the lock's expiry"
+
+    # Each release wakes the next in line: the woken one takes the lock and leaves the line.
+    for call_id, after in ((first, second), (second, third), (third, None)):
+        assert outside.release() if call_id == first else rd.store.lock_release("order:3", "tok")
+        woken = rd.find(call_id)
+        assert woken is not None and woken.score_ms <= redis_ms(client), call_id
+        if after is not None:
+            waiting = rd.find(after)
+            assert waiting is not None and waiting.score_ms > redis_ms(client) + 60_000, after
+        assert call_id in {claimed.id for claimed in rd.store.claim(10, 30_000)}
+        rd.store.start(call_id, 30_000)
+        assert rd.store.lock_take("order:3", "tok", 5000, call_id, 3000)[0] == 1
+    assert rd.store.lock_release("order:3", "tok") and not client.exists(rd.keys.lock_waiters("order:3"))
 
 
 def test_a_deferred_call_rescheduled_by_hand_is_not_woken_early(rd: RedisDelay, client: redis.Redis) -> None:

@@ -656,13 +656,16 @@ class StoreMachine(RuleBasedStateMachine):
             assert status == 0
             call.state, call.s, call.d, call.w = "delayed", "deferred", max(call.d - 1, 0), call.w + 1
             call.x = False
-            call.soon = retry == SOON
             self.may_decrease.add(call_id)
             self.lock_deferrals += 1
-            if call_id not in self.waiters[name]:
+            waiters = self.waiters[name]
+            if call_id not in waiters:
                 score = self.client.zscore(self.keys.lock_waiters(name), call_id)
                 assert score is not None
-                self.waiters[name][call_id] = score
+                waiters[call_id] = score
+            # The first in line tries again after the retry interval; the others when the (far) expiry comes.
+            first = min(waiters, key=lambda waiter: (waiters[waiter], waiter.encode()))
+            call.soon = retry == SOON and first == call_id
 
     def gone(self, holder: str, delivery: str, asking: str) -> bool:
         """Whether a lock's holding call has lost it: no longer in flight, past its deadline, or asking again in

@@ -36,7 +36,8 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
       (``None``: the ``redisdelay_max_deliveries`` setting).
     - ``lock``: a template formatted with the call's arguments (``"order:{order_id}"``) naming a lock
       the call holds while it runs; ``lock_timeout`` is the lock's expiry and ``lock_retry`` the
-      longest a deferred call waits before trying again (the holder's release wakes it sooner).
+      longest the first deferred call in line waits before trying again (the holder's release wakes it
+      sooner, and each release the next in line).
     """
 
     def apply_async(

@@ -1,7 +1,7 @@
 -- lock_take.lua: take a lock with a unique token and an expiry. When it is busy and a tracked call
--- asked for it, the call is deferred in the same step: back to the delay set (due when the lock
--- expires, at the latest after the retry interval), without counting a delivery, and in line among
--- the lock's waiters, so the holder's release wakes it at once.
+-- asked for it, the call is deferred in the same step: back to the delay set, without counting a
+-- delivery, and in line among the lock's waiters, so that the holder's release wakes it at once; due
+-- when the lock expires, and the first in line after the retry interval at the latest.
 -- A tracked call holds the lock as 'token|delivery|id': a lock whose holder is no longer in flight, or whose
 -- lease or deadline ran out (its worker died), is taken over by the next asker rather than left held until
 -- it expires; so is one that a later delivery of the holder asks for (its old run is gone, or the sweep would
@@ -50,9 +50,14 @@ end
 if not tracked then
     return {-1, ttl}
 end
+if redis.call('ZADD', WAITERS, 'NX', now, id) == 1 and redis.call('ZCARD', WAITERS) == 1 then
+    redis.call('HINCRBY', COUNTERS, 'lock_lines', 1)  -- a new line: one more lock with waiters
+end
+-- The first in line tries again after the retry interval (the holder may die without releasing); the others
+-- wait for the releases to wake them in turn, or for the lock's expiry: a long line does not poll.
 local wait = tonumber(ARGV[4])
 if ttl >= 0 then
-    wait = math.min(wait, ttl + 1)
+    wait = redis.call('ZRANK', WAITERS, id) == 0 and math.min(wait, ttl + 1) or ttl + 1
 end
 local meta = load_inflight_meta(id)
 meta.s = 'deferred'
@@ -63,8 +68,5 @@ meta.w = (tonumber(meta.w) or 0) + 1
 save_meta(id, meta)
 redis.call('ZREM', INFLIGHT, id)
 redis.call('ZADD', DELAYED, now + wait, id)
-if redis.call('ZADD', WAITERS, 'NX', now, id) == 1 and redis.call('ZCARD', WAITERS) == 1 then
-    redis.call('HINCRBY', COUNTERS, 'lock_lines', 1)  -- a new line: one more lock with waiters
-end
 redis.call('HINCRBY', COUNTERS, 'lock_deferrals', 1)
 return {0, ttl}
