@@ -260,7 +260,8 @@ def test_only_the_first_in_line_polls_and_each_release_wakes_the_next(rd: RedisD
     for call_id in (second, third):
         assert due[call_id] > redis_ms(client) + 590_000, "the rest wait for a release or the lock's expiry"
 
-    # Each release wakes the next in line: the woken one takes the lock and leaves the line.
+    # Each release wakes the next in line: the woken one takes the lock and leaves the line, and the one first
+    # in line after it polls from then on (in case this holder dies without releasing).
     for call_id, after in ((first, second), (second, third), (third, None)):
         assert outside.release() if call_id == first else rd.store.lock_release("order:3", "tok")
         woken = rd.find(call_id)
@@ -270,7 +271,11 @@ def test_only_the_first_in_line_polls_and_each_release_wakes_the_next(rd: RedisD
             assert waiting is not None and waiting.score_ms > redis_ms(client) + 60_000, after
         assert call_id in {claimed.id for claimed in rd.store.claim(10, 30_000)}
         rd.store.start(call_id, 30_000)
+        before = redis_ms(client)
         assert rd.store.lock_take("order:3", "tok", 5000, call_id, 3000)[0] == 1
+        if after is not None:
+            polling = rd.find(after)
+            assert polling is not None and before + 3000 <= polling.score_ms <= redis_ms(client) + 3000, after
     assert rd.store.lock_release("order:3", "tok") and not client.exists(rd.keys.lock_waiters("order:3"))
 
 

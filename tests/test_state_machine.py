@@ -637,8 +637,13 @@ class StoreMachine(RuleBasedStateMachine):
         if held is None or gone:
             assert (status, remaining) == ((2, 0) if gone else (1, 0))
             self.lock_takeovers += gone
-            self.waiters[name].pop(call_id, None)
+            waiters = self.waiters[name]
+            waiters.pop(call_id, None)
             self.holders[name] = value
+            if waiters:  # the first in line now polls within the retry interval
+                first = self.live(min(waiters, key=lambda waiter: (waiters[waiter], waiter.encode())))
+                if first is not None and first.state == "delayed" and first.s == "deferred" and retry == SOON:
+                    first.soon = True
             if ttl == SOON:  # wait for the lock to expire: then nobody holds it
                 lock = self.keys.lock(name)
                 deadline = time.monotonic() + WAIT

@@ -24,9 +24,17 @@ local delivery = tracked and tostring(tonumber(load_inflight_meta(id).d) or 0)
 local value = tracked and table.concat({token, delivery, id}, '|') or token
 local now = now_ms()
 
+-- The taker leaves the line; whoever is first in it now is the one that polls (within the retry interval),
+-- so that a holder that dies without releasing is noticed.
 local function taken(status)
     if id ~= '' and redis.call('ZREM', WAITERS, id) == 1 then
         line_emptied(WAITERS)
+    end
+    local first, retry = redis.call('ZRANGE', WAITERS, 0, 0)[1], tonumber(ARGV[4])
+    local score = first and retry > 0 and redis.call('ZSCORE', DELAYED, first)
+    if score and tonumber(score) > now + retry and load_meta(first).s == 'deferred' then
+        mark_if_earliest(now + retry, first)
+        redis.call('ZADD', DELAYED, now + retry, first)
     end
     return {status, 0}
 end
