@@ -259,6 +259,7 @@ def test_only_the_first_in_line_polls_and_each_release_wakes_the_next(rd: RedisD
     assert deferred_at[first] + 3000 <= due[first] <= deferred_at[second] + 3000, "the first in line tries again"
     for call_id in (second, third):
         assert due[call_id] > redis_ms(client) + 590_000, "the rest wait for a release or the lock's expiry"
+    assert due[second] + 2900 <= due[third], "and the further back in line, the later: a line hardly polls"
 
     # Each release wakes the next in line: the woken one takes the lock and leaves the line, and the one first
     # in line after it polls from then on (in case this holder dies without releasing).

@@ -1,7 +1,7 @@
 -- lock_take.lua: take a lock with a unique token and an expiry. When it is busy and a tracked call
 -- asked for it, the call is deferred in the same step: back to the delay set, without counting a
--- delivery, and in line among the lock's waiters, so that the holder's release wakes it at once; due
--- when the lock expires, and the first in line after the retry interval at the latest.
+-- delivery, and in line among the lock's waiters, so that the holder's release wakes it at once; the
+-- first in line is due after the retry interval at the latest, the others later (see below).
 -- A tracked call holds the lock as 'token|delivery|id': a lock whose holder is no longer in flight, or whose
 -- lease or deadline ran out (its worker died), is taken over by the next asker rather than left held until
 -- it expires; so is one that a later delivery of the holder asks for (its old run is gone, or the sweep would
@@ -62,10 +62,14 @@ if redis.call('ZADD', WAITERS, 'NX', now, id) == 1 and redis.call('ZCARD', WAITE
     redis.call('HINCRBY', COUNTERS, 'lock_lines', 1)  -- a new line: one more lock with waiters
 end
 -- The first in line tries again after the retry interval (the holder may die without releasing); the others
--- wait for the releases to wake them in turn, or for the lock's expiry: a long line does not poll.
-local wait = tonumber(ARGV[4])
+-- wait for the releases to wake them in turn. Should that chain break (a woken waiter cancelled), the n-th in
+-- line tries again after the lock's expiry and n retry intervals at the latest (an hour at most): a line of
+-- N waiters polls about ln(N) / retry times a second, not N / retry.
+local retry = tonumber(ARGV[4])
+local wait = retry
 if ttl >= 0 then
-    wait = redis.call('ZRANK', WAITERS, id) == 0 and math.min(wait, ttl + 1) or ttl + 1
+    local rank = redis.call('ZRANK', WAITERS, id)
+    wait = rank == 0 and math.min(retry, ttl + 1) or math.min(ttl + 1 + rank * retry, math.max(ttl + 1, 3600000))
 end
 local meta = load_inflight_meta(id)
 meta.s = 'deferred'
