@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..faults import BEAT_KILL, CLIENT_KILL, REDIS_KILL, REDIS_RESTART, RELEASER_KILL, WORKER_KILL, Fault
+from .config import LOCK_SLOTS
 
 NOW, COUNTDOWN, SLEEP, RETRY, BATCH, LOCK, CANCEL = "now", "countdown", "sleep", "retry", "batch", "lock", "cancel"
 KINDS = (NOW, COUNTDOWN, SLEEP, RETRY, BATCH, LOCK, CANCEL)
@@ -107,7 +108,7 @@ class Mix:
             if kind == BATCH:
                 return Call(n, kind, key=f"k{rng.randrange(BATCH_KEYS)}")
             if kind == LOCK:
-                return Call(n, kind, slot=rng.randrange(4), sleep=round(rng.uniform(*LOCK_SLEEP_RANGE), 3))
+                return Call(n, kind, slot=rng.randrange(LOCK_SLOTS), sleep=round(rng.uniform(*LOCK_SLEEP_RANGE), 3))
             if kind == CANCEL:
                 after = round(rng.uniform(*CANCEL_AFTER_RANGE), 3)
                 least = after + CANCEL_MARGIN
