@@ -26,6 +26,14 @@ from .worker.tracking import drop_revoked, parks_calls_of
 logger = logging.getLogger(__name__)
 
 
+def name_worker(worker: Any) -> str:
+    """Give the app's depot in this process the worker's hostname, the one name its leases, its stale-delivery
+    checks and its runs' starts use; called as the worker's steps are made, before its pool starts."""
+    depot = RedisDelay.of(worker.app).depot
+    depot.worker_name = name = str(worker.hostname or "")
+    return name
+
+
 class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
     """The worker's main process holds the calls it receives under leases (:mod:`celery_redisdelay.worker.leases`),
     taken and renewed in batches by a thread. On a warm stop the calls not started are given back; the thread
@@ -35,6 +43,7 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
+        name_worker(worker)
         self.leases: Leases | None = None
         self.thread: threading.Thread | None = None
 
@@ -44,7 +53,7 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         def owns(request: Any) -> bool:
             return parks_calls_of(depot, getattr(request, "task", None))
 
-        leases = self.leases = Leases(depot, worker.hostname, owns)
+        leases = self.leases = Leases(depot, name_worker(worker), owns)
 
         def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             # The mark first: a call never parked (most, in redisdelay_all_tasks mode) has nothing to hold.
@@ -147,7 +156,7 @@ class StaleDeliveryStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
         super().__init__(worker, **kwargs)
         depot = RedisDelay.of(worker.app).depot
         owns = functools.partial(parks_calls_of, depot)
-        StaleDeliveries(depot, owns, str(worker.hostname or "")).install(worker.app.tasks)
+        StaleDeliveries(depot, owns, name_worker(worker)).install(worker.app.tasks)
 
 
 class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped

@@ -10,12 +10,6 @@ Two are left, both by design, both found by ``--full`` (Celery 5.7.0):
   protocol (``ConfigurationError``), so in the delayed mode, where every task is a delayed task, those calls raise.
   In the all-tasks mode they pass: a call due now is Celery's own there.
 
-And one defect, not by design, found at stop 39 and not fixed yet: ``test_tasks.py``'s
-``test_reject_with_requeue_redelivers_and_succeeds`` fails in the delayed mode in about half the runs (4 of 6 here,
-2 of 4 at the landed d809bf5; CI had passed it by chance): the call that raised ``Reject(requeue=True)`` does not
-run again within the test's 10 s. Suspected: the sweep had already taken the delivery of a leased call out of
-kombu's unacked hash, so kombu's requeue finds nothing to put back and the call waits for its lease to run out.
-
 Not differences, as they fail with Celery alone too (the comparison leaves them out): ``test_tasks.py``'s
 ``test_trace_log_arguments`` tests, and in ``--full`` ``test_redis_backend.py``'s ``test_pubsub_*`` tests, which
 find the result channels earlier files left subscribed.
@@ -45,17 +39,10 @@ PROTOCOL_1_REFUSED = (
     "task): its countdown cannot be taken out of the message"
 )
 
-REJECT_REQUEUE = "t.integration.test_tasks.test_tasks::test_reject_with_requeue_redelivers_and_succeeds"
-REJECT_REQUEUE_LATE = (
-    "a defect (stop 39, not fixed): a leased call that raised Reject(requeue=True) sometimes runs again only when "
-    "its lease runs out, past the test's 10 s; suspected, kombu's requeue finds no unacked entry left to put back"
-)
-
 DIFFERENCES: dict[str, dict[str, str]] = {
     "delayed": {
         INSPECT_SCHEDULED: NOTHING_ON_THE_WORKER_TIMER,
         **dict.fromkeys(PROTOCOL_1_TESTS, PROTOCOL_1_REFUSED),
-        REJECT_REQUEUE: REJECT_REQUEUE_LATE,
     },
     "all-tasks": {INSPECT_SCHEDULED: NOTHING_ON_THE_WORKER_TIMER},
 }

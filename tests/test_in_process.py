@@ -17,6 +17,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.testing import wait_for
+from celery_redisdelay.worker.leases import Leases
 
 
 @pytest.fixture(scope="session")
@@ -52,6 +53,41 @@ def test_a_delayed_task_runs_on_the_in_process_worker(delayed_app: tuple[Any, Re
     assert result.result == 5
     # The result is stored before task_postrun, where the worker thread acknowledges the call.
     wait_for(lambda: rd.find(result.id) is None, 10, "the worker thread's acknowledgement")
+
+
+def test_a_run_names_its_worker_as_the_leases_do_where_celerys_request_says_another_host(
+    celery_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Celery's in-process worker is named ``gen<pid>@<host>`` and its requests say the bare host. A run's start
+    names the worker its leases name: named after the request, the call was held by "another worker" whenever
+    the start came before the lease's take, so its lease was never renewed and a requeued copy of it
+    (``Reject(requeue=True)``) was dropped as stale, the call waiting for its lease (celery-suite's
+    ``test_reject_with_requeue_redelivers_and_succeeds``)."""
+    rd = RedisDelay(celery_app)
+    gate, seen = threading.Event(), {}
+
+    @rd.delayed(name="tests.in_process.whose")
+    def whose() -> None:
+        seen["request"] = whose.request.hostname
+        gate.wait(30)
+
+    # The lease's take never comes, as when the start is written first: the start alone names the holder.
+    monkeypatch.setattr(Leases, "received", lambda self, call_id, tag: None)
+    with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as worker:
+        result = whose.apply_async(countdown=0)
+        assert rd.tick()["released"] == 1
+        try:
+            wait_for(
+                lambda: (entry := rd.find(result.id)) is not None and entry.meta.get("s") == "running",
+                30,
+                "the run's start",
+            )
+            entry = rd.find(result.id)
+            assert entry is not None and seen["request"] != worker.hostname
+            assert entry.meta.get("h") == worker.hostname
+        finally:
+            gate.set()
+        wait_for(lambda: rd.find(result.id) is None, 10, "the run's acknowledgement")
 
 
 def test_a_call_waits_until_it_is_due(delayed_app: tuple[Any, RedisDelay, Any]) -> None:

@@ -33,6 +33,11 @@ class Depot:
 
     def __init__(self, app: Any) -> None:
         self.app = app
+        #: The hostname of the worker this process belongs to, set by the worker's steps before its pool
+        #: starts (a forked pool process inherits it): its runs' starts name the worker its leases and its
+        #: stale-delivery checks name. Celery's request may say another (its in-process test worker's
+        #: requests say the bare host); empty outside a worker.
+        self.worker_name = ""
 
     @cached_property
     def settings(self) -> Settings:

@@ -70,8 +70,8 @@ def connect(depot: Depot) -> None:
         drop_mark(request)
         tracked.add(task_id)
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
-        # for this worker too, should it come first.
-        outbox.start(task_id, getattr(request, "hostname", None) or "")
+        # for this worker too, should it come first, under the name the leases use.
+        outbox.start(task_id, depot.worker_name or getattr(request, "hostname", None) or "")
 
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
