@@ -35,8 +35,8 @@ def published(client: redis.Redis, rd: RedisDelay) -> list[str]:
 
 
 @contextmanager
-def running(rd: RedisDelay, longest_sleep: float = 30.0) -> Iterator[PreciseReleaser]:
-    releaser = PreciseReleaser(rd.releasers, longest_sleep=longest_sleep, retry_after=0.05)
+def running(rd: RedisDelay, longest_sleep: float = 30.0, **options: Any) -> Iterator[PreciseReleaser]:
+    releaser = PreciseReleaser(rd.releasers, longest_sleep=longest_sleep, retry_after=0.05, **options)
     thread = threading.Thread(target=releaser.run, daemon=True)
     thread.start()
     try:
@@ -64,6 +64,22 @@ def test_an_earlier_call_wakes_a_releaser_sleeping_towards_a_later_one(rd: Redis
         sooner = ping.apply_async((2,), countdown=0)
         wait_for(lambda: published(client, rd) == [sooner.id], 10, "the earlier call to be released")
     assert rd.find(later.id).state == "delayed"  # type: ignore[union-attr]
+
+
+def test_calls_parked_due_within_a_rounds_spacing_go_out_in_the_next_round(
+    rd: RedisDelay, client: redis.Redis
+) -> None:
+    """Each call parked due now wakes the releaser; the calls parked within the spacing after a round wait for
+    the next one together (one script for the two here, where each went alone before)."""
+    ping = task_on(rd)
+    with running(rd, round_spacing=1.0) as releaser:
+        wait_for(lambda: blocked(client), 10, "the releaser to sleep in BZPOPMIN")
+        first = ping.apply_async((1,), countdown=0)
+        wait_for(lambda: published(client, rd) == [first.id], 10, "the first call's release")
+        second, third = ping.apply_async((2,), countdown=0), ping.apply_async((3,), countdown=0)
+        wait_for(lambda: len(published(client, rd)) == 3, 10, "the next two calls' release")
+        assert releaser.rounds == 2 and releaser.released == 3
+    assert {second.id, third.id} < set(published(client, rd))
 
 
 def blocked(client: redis.Redis) -> bool:

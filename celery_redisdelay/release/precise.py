@@ -37,6 +37,11 @@ logger = logging.getLogger(__name__)
 ROUND_BUDGET_SECONDS = 1.0
 #: How late Redis may end a blocking command's timeout (its default ``hz 10``).
 SERVER_TIMER_SECONDS = 0.1
+#: A release round starts at most this long after the one before: under a stream of calls parked due now, each
+#: of which wakes the releaser, the calls parked meanwhile go out in one script instead of one script (and one
+#: ``BZPOPMIN``) each, and none waits longer than this for it. In a worker, the releaser's thread shares the
+#: process that consumes the messages.
+ROUND_SPACING_SECONDS = 0.003
 
 
 class PreciseReleaser:
@@ -49,6 +54,7 @@ class PreciseReleaser:
         retry_after: float = 0.5,
         store: CallStore | None = None,
         stopping: threading.Event | None = None,
+        round_spacing: float = ROUND_SPACING_SECONDS,
     ) -> None:
         depot = releasers.depot
         self.depot, self.releasers = depot, releasers
@@ -56,10 +62,12 @@ class PreciseReleaser:
         self.keys = self.store.keys
         self.longest_sleep = longest_sleep
         self.retry_after = retry_after
+        self.round_spacing = round_spacing
         self.stopping = stopping or threading.Event()
         # Its own connection: a blocked BZPOPMIN must not hold one the rest of the app needs.
         self.client = connect(depot.settings)
         self.released = 0
+        self.rounds = 0  # release rounds that released a call
         with depot.app.producer_or_acquire() as producer:
             self.errors: tuple[type[BaseException], ...] = (
                 redis.RedisError,
@@ -79,6 +87,7 @@ class PreciseReleaser:
             releaser.flush_batches(report, deadline)
         releaser.release(report, deadline)
         self.released += report.released
+        self.rounds += report.released > 0
         return report
 
     def seconds_to_next(self) -> float:
@@ -123,13 +132,17 @@ class PreciseReleaser:
     def run(self) -> None:
         """Release and sleep until stopped; errors are logged and retried, never fatal."""
         sweep_every = self.depot.settings.tick_interval
-        last_sweep = 0.0
+        last_sweep = last_round = 0.0
         while not self.stopping.is_set():
             try:
                 if time.monotonic() - last_sweep >= sweep_every:
                     report = TickReport()
                     self.releasers.of(self.store).sweep(report, time.monotonic() + ROUND_BUDGET_SECONDS)
                     last_sweep = time.monotonic()
+                spacing = last_round + self.round_spacing - time.monotonic()
+                if spacing > 0 and self.stopping.wait(spacing):
+                    break
+                last_round = time.monotonic()
                 self.release_due()
                 self.sleep()
             except self.errors as exc:
