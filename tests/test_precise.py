@@ -66,9 +66,7 @@ def test_an_earlier_call_wakes_a_releaser_sleeping_towards_a_later_one(rd: Redis
     assert rd.find(later.id).state == "delayed"  # type: ignore[union-attr]
 
 
-def test_calls_parked_due_within_a_rounds_spacing_go_out_in_the_next_round(
-    rd: RedisDelay, client: redis.Redis
-) -> None:
+def test_calls_parked_due_within_a_rounds_spacing_go_out_in_the_next_round(rd: RedisDelay, client: redis.Redis) -> None:
     """Each call parked due now wakes the releaser; the calls parked within the spacing after a round wait for
     the next one together (one script for the two here, where each went alone before)."""
     ping = task_on(rd)
