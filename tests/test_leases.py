@@ -90,6 +90,30 @@ def test_a_lapsed_lease_is_swept_with_kombus_copy_of_the_delivery(rd: RedisDelay
     assert rd.store.lease("dead-worker", LEASE_MS, [("orphan", "tag-9")], 1) == ["orphan"]
 
 
+def test_a_call_delivered_again_is_not_taken_back_by_the_worker_of_its_earlier_delivery(
+    rd: RedisDelay, client: redis.Redis
+) -> None:
+    """A worker renews a call for a while after it received it, even once its run ended (an ``Abandon``). Should
+    the sweep deliver the call again meanwhile, that renewal must not take it: the new delivery would find it
+    held by another worker under a live lease and be dropped as stale, and the call wait out the lease (the
+    chaos run's message 1708, once)."""
+    unacked, index = f"{rd.keys.prefix}-unacked", f"{rd.keys.prefix}-unacked_index"
+    in_flight(rd, "again")
+    assert entry(rd, "again").meta["d"] == 1
+    assert rd.store.lease("w1", 1, [("again", "again.1")], 1) == []  # its lease runs out at once
+    wait_for(lambda: rd.store.sweep(100, 5, (unacked, index)) == (1, 0), WAIT, "the lapsed lease to be swept")
+    assert [claimed.id for claimed in rd.store.claim(10, LONG_MS)] == ["again"]
+    assert rd.store.confirm(["again"], LONG_MS) == 1
+    assert entry(rd, "again").meta["d"] == 2 and "h" not in entry(rd, "again").meta
+
+    assert rd.store.lease("w1", LEASE_MS, [("again", "again.1")], 1) == ["again"]
+    assert "h" not in entry(rd, "again").meta
+    assert rd.store.current("again", 2, "w2"), "the new delivery runs wherever it goes"
+    assert rd.store.lease("w2", LEASE_MS, [("again", "again.2")], 1) == []
+    assert entry(rd, "again").meta["h"] == "w2"
+    assert rd.store.lease("w3", LEASE_MS, [("again", "kombus-own-tag")], 1) == ["again"], "held by w2"
+
+
 def test_start_takes_the_lease_and_the_tasks_own_timeout_is_a_hard_end(rd: RedisDelay, client: redis.Redis) -> None:
     in_flight(rd, "plain")
     before = redis_ms(client)

@@ -11,8 +11,8 @@
 --         now + lease, or later if touch() set a later one, and never past x.
 --   give: the worker gives back the calls it holds that have not started (a warm shutdown: kombu puts
 --         their messages back in the queue): each is queued again with its queue timeout.
--- Returns: the ids of the calls not held (hold: unknown, finished, or held by another worker; give: not
--- held by this worker).
+-- Returns: the ids of the calls not held (hold: unknown, finished, held by another worker, or delivered again
+-- since the delivery the worker names; give: not held by this worker).
 local WORKERS = KEYS[FIXED_KEYS + 1]
 local wrong = check_type(WORKERS, 'hash')
 if wrong then
@@ -21,11 +21,22 @@ end
 local worker, lease, op = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local now = now_ms()
 local missed = {}
+-- Whether a tag of ours ('<id>.<n>', as the release gives it) names an earlier delivery than the call's current
+-- one: the sweep delivered the call again since, so the worker that received it then no longer has it (it may
+-- still renew it for a while) and must not take it, or the new delivery would find it held and be dropped as
+-- stale. A tag of another form (kombu's own) says nothing.
+local function earlier_delivery(id, tag, meta)
+    if string.sub(tag, 1, #id + 1) ~= id .. '.' then
+        return false
+    end
+    local n = tonumber(string.sub(tag, #id + 2))
+    return n ~= nil and n < (tonumber(meta.d) or 0)
+end
 for i = 5, #ARGV, 2 do
     local id, tag = ARGV[i], ARGV[i + 1]
     local score = redis.call('ZSCORE', INFLIGHT, id)
     local meta = score and load_inflight_meta(id)
-    if not meta or (meta.h ~= nil and meta.h ~= worker) then
+    if not meta or (meta.h ~= nil and meta.h ~= worker) or (meta.h == nil and earlier_delivery(id, tag, meta)) then
         missed[#missed + 1] = id
     elseif op == 'hold' then
         local deadline = now + lease
