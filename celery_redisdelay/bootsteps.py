@@ -1,8 +1,9 @@
 """The steps the extension adds to every worker of an app: leases on the calls it holds, a precise releaser
-thread, durable revokes, and parking the eta messages the worker receives.
+thread, durable revokes, parking the eta messages the worker receives, and (``redisdelay_skip_unacked``) kombu's
+unacked bookkeeping left out for the calls the store released.
 
-``RedisDelay(app)`` adds them to ``app.steps["worker"]`` by name; each finds the app's extension when the
-worker starts and hands the layers below it what they need.
+``RedisDelay(app)`` adds them to ``app.steps["worker"]`` (the last to ``app.steps["consumer"]``) by name; each
+finds the app's extension when the worker starts and hands the layers below it what they need.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .worker.leases import Leases, delivery_tag, running_ids
 from .worker.received import ReceivedParking
 from .worker.stale import StaleDeliveries
 from .worker.tracking import drop_revoked, parks_calls_of
+from .worker.unacked import install as skip_unacked
 
 logger = logging.getLogger(__name__)
 
@@ -172,3 +174,24 @@ class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyp
         if rd.settings.park_received:
             count = ReceivedParking(rd.depot, rd.rules_of).install(worker.app.tasks)
             logger.info("redisdelay: eta messages of %d task(s) are parked when received", count)
+
+
+class SkipUnackedStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
+    """With ``redisdelay_skip_unacked``, the worker's task channel leaves kombu's unacked bookkeeping out for the
+    calls the store released (:mod:`celery_redisdelay.worker.unacked`). A step of the consumer: its channel is
+    made again on each connection, and set up again with it. Only where the broker is the store's Redis: there the
+    sweep finds a call its worker popped and died with before its lease was taken."""
+
+    label = "redisdelay skip unacked"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def start(self, consumer: Any) -> None:
+        depot = RedisDelay.of(consumer.app).depot
+        if not depot.settings.skip_unacked:
+            return
+        channel = getattr(getattr(consumer, "task_consumer", None), "channel", None)
+        if not depot.fast_release or channel is None or not skip_unacked(channel, depot):
+            logger.warning(
+                "redisdelay: redisdelay_skip_unacked is on, but the broker is not the store's Redis through kombu's "
+                "Redis transport; kombu keeps its bookkeeping"
+            )

@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_park_received_after": 1.0,
     "redisdelay_lease": 30.0,
     "redisdelay_lease_renewal": 10.0,
+    "redisdelay_skip_unacked": False,
     "redisdelay_quotas": None,  # checked by store/limits.py when a call names a quota
     "redisdelay_task_limits": None,  # checked by producer/adoption.py at a plain task's first call
 }
@@ -88,6 +89,9 @@ class Settings:
     #: seconds: a call whose lease runs out (its worker died) is delivered again.
     lease: float = 30.0
     lease_renewal: float = 10.0
+    #: A worker leaves kombu's unacknowledged-message bookkeeping out for the calls the store released: their
+    #: leases track them, and a call given back or requeued goes back through the store (worker/unacked.py).
+    skip_unacked: bool = False
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -169,6 +173,7 @@ class Settings:
             park_received_after=float(park_received_after),
             lease=lease,
             lease_renewal=lease_renewal,
+            skip_unacked=bool(_optional_bool(conf, "redisdelay_skip_unacked")),
         )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 from celery import Celery, shared_task, signals
+from celery.exceptions import Reject
 
 from celery_redisdelay import Abandon, RedisDelay
 from tests import topology_proj
@@ -145,6 +146,16 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
             redelivered=info.get("redelivered"),
             count=self.request.get("x-delivery-count"),
         )
+        return runs
+
+    @rd.delayed(name="pools.reject_once", bind=True, acks_late=True)
+    def reject_once(self: Any, key: str) -> int:
+        """Reject the first delivery with requeue (``Reject(requeue=True)``, which needs ``acks_late``), note the
+        next."""
+        runs = int(notes.client().incr(f"{key}:runs"))
+        if runs == 1:
+            raise Reject("the first delivery is rejected on purpose", requeue=True)
+        notes.add(rd, key, self.request, runs=runs, worker=self.request.hostname)
         return runs
 
     # Plain tasks: parked by redisdelay_all_tasks, or by the worker that receives their eta messages.

@@ -153,6 +153,31 @@ def test_unstarted_calls_are_given_back_and_running_ones_kept(rd: RedisDelay, cl
     assert "w1" not in workers(rd, client)
 
 
+def test_calls_put_back_go_to_the_delay_set_due_now(rd: RedisDelay, client: redis.Redis) -> None:
+    """``redisdelay_skip_unacked``: kombu keeps no copy of the store's deliveries, so a worker puts back a call it
+    gives up (a warm stop, a reject with requeue) itself, started or not, held by it or not held yet."""
+    for call_id in ("waiting", "running", "unheld", "elsewhere", "again"):
+        in_flight(rd, call_id)
+    rd.store.lease("w1", LEASE_MS, [("waiting", "waiting.1"), ("running", "running.1")], 2)
+    rd.store.start("running", LONG_MS, LEASE_MS, "w1")
+    rd.store.lease("w2", LEASE_MS, [("elsewhere", "elsewhere.1")], 1)
+    assert entry(rd, "again").meta["d"] == 1
+    before = redis_ms(client)
+    assert rd.store.put_back(
+        "w1",
+        [("waiting", "waiting.1"), ("running", "running.1"), ("unheld", "unheld.1"), ("elsewhere", "elsewhere.1")],
+    ) == ["elsewhere"]
+    for call_id in ("waiting", "running", "unheld"):
+        back = entry(rd, call_id)
+        assert back.state == "delayed" and back.meta["s"] == "swept" and not {"h", "g"} & set(back.meta)
+        assert before <= back.score_ms <= redis_ms(client), "due now"
+    assert entry(rd, "elsewhere").meta["h"] == "w2", "another worker's call stays with it"
+    assert rd.store.put_back("w1", [("again", "again.0")]) == ["again"], "an earlier delivery than the current one"
+    assert set(workers(rd, client)) == {"w1", "w2"}, "a putting back leaves the workers hash as it is"
+    released = {call.id for call in rd.store.claim(10, LONG_MS)}
+    assert released == {"waiting", "running", "unheld"}, "the next release delivers them again"
+
+
 def test_the_workers_hash_forgets_idle_and_silent_workers(rd: RedisDelay, client: redis.Redis) -> None:
     in_flight(rd, "a")
     rd.store.lease("w1", LEASE_MS, [("a", "")], 1)

@@ -52,7 +52,7 @@ SETTINGS = {
     # added since: whole-app adoption
     "all_tasks", "park_received", "park_received_after",
     # added since: leases held by the worker
-    "lease", "lease_renewal",
+    "lease", "lease_renewal", "skip_unacked",
 }  # fmt: skip
 COMMANDS = {
     "cancel", "exporter", "list", "purge", "releaser", "requeue", "reschedule", "run-now", "show", "status",

@@ -177,6 +177,7 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_park_received_after",
         "redisdelay_lease",
         "redisdelay_lease_renewal",
+        "redisdelay_skip_unacked",
         "redisdelay_quotas",
         "redisdelay_task_limits",
     }
@@ -201,6 +202,7 @@ def test_park_received_follows_all_tasks_unless_set() -> None:
         ("redisdelay_park_received_after", -1),
         ("redisdelay_park_received_after", True),
         ("redisdelay_park_received_after", float("nan")),
+        ("redisdelay_skip_unacked", "no"),
     ],
 )
 def test_adoption_settings_are_checked(name: str, bad: object) -> None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from celery.worker import state
 
 from ..errors import RedisDelayError
+from .unacked import store_delivery
 
 if TYPE_CHECKING:
     from ..store.calls import CallStore
@@ -184,12 +185,17 @@ class Leases:
         for call in given:
             store = self.depot.shards.home(call[0])
             by_store.setdefault(store.keys.tag, (store, []))[1].append(call)
+        # Where kombu keeps no copy of the store's deliveries (redisdelay_skip_unacked), the channel's close puts
+        # them back through the store once the worker no longer fetches (worker/unacked.py): putting them back
+        # now would let this worker's last fetch take them again. kombu puts back the others.
+        skip = self.depot.settings.skip_unacked and self.depot.fast_release
         for store, calls in by_store.values():
-            for start in range(0, len(calls), SCRIPT_STEP):
+            kept = [call for call in calls if not (skip and store_delivery(*call))]
+            for start in range(0, len(kept), SCRIPT_STEP):
                 try:
-                    store.give_back(self.worker, self.lease_ms, calls[start : start + SCRIPT_STEP])
+                    store.give_back(self.worker, self.lease_ms, kept[start : start + SCRIPT_STEP])
                 except RedisDelayError as exc:
-                    logger.warning("redisdelay: could not give back %d call(s); they run again: %s", len(calls), exc)
+                    logger.warning("redisdelay: could not give back %d call(s); they run again: %s", len(kept), exc)
         self._wake.set()
 
     def stop(self) -> None:

@@ -5,14 +5,19 @@
 -- g kombu's delivery tag of the delivery it holds, x the hard end of its run (the task's own timeout, set
 -- at start).
 -- KEYS[FIXED_KEYS + 1]: the workers hash, worker -> {"n": calls it holds here, "at": when it last renewed (ms)}.
--- ARGV: 1 worker, 2 lease (ms), 3 'hold' or 'give', 4 calls the worker holds in this store in all (-1: not
+-- ARGV: 1 worker, 2 lease (ms), 3 'hold', 'give' or 'requeue', 4 calls the worker holds in this store in all (-1: not
 --       said, the workers hash is left as it is), then id, delivery tag for each call (at most a thousand)
 --   hold: take each call in flight that no other worker holds, or renew it; its deadline becomes
 --         now + lease, or later if touch() set a later one, and never past x.
 --   give: the worker gives back the calls it holds that have not started (a warm shutdown: kombu puts
 --         their messages back in the queue): each is queued again with its queue timeout.
+--   requeue: the worker puts back calls whose messages kombu does not keep (redisdelay_skip_unacked, see
+--         worker/unacked.py): a call given back at a warm shutdown, or whose run was rejected with requeue.
+--         Each goes back to the delay set due now, as the sweep puts a call back, and the next release
+--         delivers it again.
 -- Returns: the ids of the calls not held (hold: unknown, finished, held by another worker, or delivered again
--- since the delivery the worker names; give: not held by this worker).
+-- since the delivery the worker names; give: not held by this worker; requeue: held by another worker, or
+-- delivered again since).
 local WORKERS = KEYS[FIXED_KEYS + 1]
 local wrong = check_type(WORKERS, 'hash')
 if wrong then
@@ -56,6 +61,14 @@ for i = 5, #ARGV, 2 do
         if deadline ~= tonumber(score) then
             redis.call('ZADD', INFLIGHT, deadline, id)
         end
+    elseif op == 'requeue' then
+        redis.call('ZREM', INFLIGHT, id)
+        meta.s, meta.b = 'swept', nil
+        unheld(meta)
+        free_slots(id, meta)
+        save_meta(id, meta)
+        mark_if_earliest(now, id)
+        redis.call('ZADD', DELAYED, now, id)
     elseif meta.h == worker and meta.s ~= 'running' then
         meta.h, meta.g, meta.s, meta.b = nil, nil, 'queued', 1  -- b: its list holds kombu's form of it (sweep.lua)
         save_meta(id, meta)

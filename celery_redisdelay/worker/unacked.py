@@ -1,0 +1,115 @@
+"""kombu's unacknowledged-message bookkeeping, left out for the calls the store released (``redisdelay_skip_unacked``).
+
+kombu's Redis transport notes each message a worker receives in its unacked hash and index, and removes it there
+when the message is acknowledged: two round trips a message in the worker's main process, the process that
+receives every message, so that kombu can put back what a worker that died or stopped held. A call the store
+released is tracked by the store already: its worker holds it under a lease (:mod:`.leases`), and the sweep
+delivers it again once the lease runs out. With the setting on, the worker's task channel skips kombu's two round
+trips for those messages (the deliveries release.lua tags ``<id>.<n>``) and keeps only kombu's count of the
+messages it holds in memory, which its prefetch limit reads. What kombu would have put back goes back through the
+store instead:
+
+- a message rejected with requeue (``Reject(requeue=True)``, ``message.requeue()``): its call goes back to the
+  delay set due now, at once, and the next release delivers it again;
+- the messages the worker's channel holds unacknowledged when it closes (the worker stops warmly, or lost its
+  connection), as kombu restores its own then, but for the calls still running: the same. Not before: a worker
+  that stops fetches until its channel closes, and would take a call put back earlier again;
+- the calls of a worker that died or lost its connection: their leases run out and the sweep delivers them
+  again, within a lease (kombu would have restored them after its visibility timeout, an hour by default).
+
+Every other message (published through kombu, such as Celery's own calls due now) keeps kombu's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kombu.transport import virtual
+
+from ..errors import RedisDelayError
+
+if TYPE_CHECKING:
+    from ..store.depot import Depot
+
+logger = logging.getLogger(__name__)
+
+#: The attribute that marks a channel's QoS as already set up.
+INSTALLED = "_redisdelay_skip_unacked"
+
+
+def store_delivery(call_id: Any, tag: Any) -> bool:
+    """Whether a delivery tag is one the store's release gave (``<id>.<n>``, the call's id and its delivery)."""
+    if not isinstance(call_id, str) or not isinstance(tag, str) or not tag.startswith(call_id):
+        return False
+    rest = tag[len(call_id) :]
+    return len(rest) > 1 and rest[0] == "." and rest[1:].isdigit()
+
+
+def install(channel: Any, depot: Depot) -> bool:
+    """Leave kombu's unacked bookkeeping out, on ``channel``, for the deliveries of the store's calls; whether it
+    was set up (only kombu's Redis transport keeps such bookkeeping)."""
+    qos = channel.qos
+    if getattr(qos, INSTALLED, False):
+        return True
+    if not hasattr(qos, "unacked_key") or not hasattr(qos, "_remove_from_indices"):
+        return False
+    base = virtual.QoS
+    own: set[str] = set()  # the tags of the store's deliveries this channel holds
+    kombu_append, kombu_ack, kombu_reject = qos.append, qos.ack, qos.reject
+
+    def append(message: Any, delivery_tag: Any) -> None:
+        headers = getattr(message, "headers", None) or {}
+        if store_delivery(headers.get("id"), delivery_tag):
+            own.add(delivery_tag)
+            base.append(qos, message, delivery_tag)
+        else:
+            kombu_append(message, delivery_tag)
+
+    def ack(delivery_tag: Any) -> None:
+        if delivery_tag in own:
+            own.discard(delivery_tag)
+            base.ack(qos, delivery_tag)
+        else:
+            kombu_ack(delivery_tag)
+
+    def reject(delivery_tag: Any, requeue: bool = False) -> None:
+        if delivery_tag not in own:
+            kombu_reject(delivery_tag, requeue=requeue)
+            return
+        own.discard(delivery_tag)
+        if requeue:
+            put_back(depot, str(delivery_tag))
+        base.ack(qos, delivery_tag)  # as kombu's Redis QoS ends a reject: the message leaves its count
+
+    def restore_unacked(client: Any = None) -> Any:
+        # The channel closes (the worker stops, or lost its connection): kombu puts back the messages it holds
+        # unacknowledged, and the store the calls of its own deliveries among them, but for those still running
+        # (an acks_late run that its lease keeps).
+        from .leases import running_requests  # leases.py imports this module
+
+        running = {request.id for request in running_requests()}
+        mine = [tag for tag in list(qos._delivered) if tag in own]
+        back = [tag for tag in mine if tag.rpartition(".")[0] not in running]
+        for tag in mine:
+            own.discard(tag)
+            qos._delivered.pop(tag, None)
+        put_back(depot, *back)
+        return kombu_restore_unacked(client)
+
+    kombu_restore_unacked = qos.restore_unacked
+    qos.append, qos.ack, qos.reject, qos.restore_unacked = append, ack, reject, restore_unacked
+    setattr(qos, INSTALLED, True)
+    return True
+
+
+def put_back(depot: Depot, *tags: str) -> None:
+    """Put the calls of these deliveries back in the delay set, due now (see :meth:`CallStore.put_back`)."""
+    for tag in tags:
+        call_id = tag.rpartition(".")[0]
+        try:
+            depot.shards.home(call_id).put_back(depot.worker_name or "", [(call_id, tag)])
+        except RedisDelayError as exc:
+            logger.warning(
+                "redisdelay: could not put back call %s; it runs again once its lease runs out: %s", call_id, exc
+            )
