@@ -44,6 +44,7 @@ from .common import (
     ENV_PRECISE,
     ENV_PREFETCH,
     ENV_RESULTS,
+    ENV_SKIP_UNACKED,
     ENV_TICK,
     ENV_URL,
     KEY_PREFIX,
@@ -80,6 +81,7 @@ def build(
     prefetch: int = 1,
     lease: float | None = None,
     all_tasks: bool = False,
+    skip_unacked: bool = False,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
@@ -107,6 +109,8 @@ def build(
         conf["redisdelay_park_received"] = True
     if all_tasks:
         conf["redisdelay_all_tasks"] = True
+    if skip_unacked:
+        conf["redisdelay_skip_unacked"] = True
     if lease is not None:
         conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
     app.conf.update(conf)
@@ -156,6 +160,7 @@ def from_environment() -> BenchApp:
         prefetch=int(os.environ.get(ENV_PREFETCH, "1")),
         lease=float(os.environ[ENV_LEASE]) if os.environ.get(ENV_LEASE) else None,
         all_tasks=os.environ.get(ENV_ALL_TASKS) == "1",
+        skip_unacked=os.environ.get(ENV_SKIP_UNACKED) == "1",
         set_as_current=True,
     )
 

@@ -28,6 +28,13 @@ from ..report import Row, ratio
 
 ROUNDS = 2
 TARGET = 0.95
+#: (row, a Redis result backend on both sides, redisdelay_skip_unacked on our side)
+VARIANTS = (
+    ("e2e_throughput", False, False),
+    ("e2e_throughput (Redis results)", True, False),
+    ("e2e_throughput (redisdelay_skip_unacked)", False, True),
+    ("e2e_throughput (Redis results, redisdelay_skip_unacked)", True, True),
+)
 ALL_TASKS_TARGET = 0.98
 
 
@@ -70,10 +77,16 @@ def e2e_throughput(ctx: Context) -> dict[str, Any]:
     n = ctx.sizes.e2e
     rows: list[Row] = []
     details: dict[str, Any] = {"calls": n, "rounds": ROUNDS, "pool": "prefork", "concurrency": 2}
-    for label, results in (("e2e_throughput", False), ("e2e_throughput (Redis results)", True)):
-        app = build(ctx.url, precise=True, results=results)
+    for label, results, skip in VARIANTS:
+        app = build(ctx.url, precise=True, results=results, skip_unacked=skip)
         worker = ctx.processes.worker(
-            "bench-e2e", queues=E2E_QUEUE, concurrency=2, precise=True, results=results, tick_interval=1.0
+            "bench-e2e",
+            queues=E2E_QUEUE,
+            concurrency=2,
+            precise=True,
+            results=results,
+            tick_interval=1.0,
+            skip_unacked=skip,
         )
         try:
             ours_seconds = celery_seconds = 0.0

@@ -8,7 +8,8 @@ touches: the start of every run, and its end (after the body, before Celery ackn
 body to be killed in (no sleep) writes both in one round trip, a batch those of all its items.
 
 Configured from the environment (``chaos/battle/config.py``): the store's and broker's URL, the ledger's,
-kombu's ``visibility_timeout`` (``redisdelay_queue_timeout`` is twice it), ``redisdelay_lease``, the batch.
+kombu's ``visibility_timeout`` (``redisdelay_queue_timeout`` is twice it), ``redisdelay_lease``,
+``redisdelay_skip_unacked``, the batch.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .config import (
     ENV_LEASE,
     ENV_LEDGER_URL,
     ENV_PLAIN,
+    ENV_SKIP_UNACKED,
     ENV_URL,
     ENV_VISIBILITY,
     KEY_PREFIX,
@@ -179,6 +181,8 @@ if not PLAIN:
     if os.environ.get(ENV_LEASE):
         lease = float(os.environ[ENV_LEASE])
         app.conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
+    if os.environ.get(ENV_SKIP_UNACKED) == "1":
+        app.conf.update(redisdelay_skip_unacked=True)
     rd = extension = RedisDelay(app)
 
     @extension.delayed(
