@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: The most calls one script puts back (CallStore's bulk step).
+STEP = 1000
 #: The attribute that marks a channel's QoS as already set up.
 INSTALLED = "_redisdelay_skip_unacked"
 
@@ -104,12 +106,20 @@ def install(channel: Any, depot: Depot) -> bool:
 
 
 def put_back(depot: Depot, *tags: str) -> None:
-    """Put the calls of these deliveries back in the delay set, due now (see :meth:`CallStore.put_back`)."""
+    """Put the calls of these deliveries back in the delay set, due now: one script per shard and step (see
+    :meth:`CallStore.put_back`)."""
+    by_store: dict[str, tuple[Any, list[tuple[str, str]]]] = {}
     for tag in tags:
         call_id = tag.rpartition(".")[0]
-        try:
-            depot.shards.home(call_id).put_back(depot.worker_name or "", [(call_id, tag)])
-        except RedisDelayError as exc:
-            logger.warning(
-                "redisdelay: could not put back call %s; it runs again once its lease runs out: %s", call_id, exc
-            )
+        store = depot.shards.home(call_id)
+        by_store.setdefault(store.keys.tag, (store, []))[1].append((call_id, tag))
+    for store, calls in by_store.values():
+        for start in range(0, len(calls), STEP):
+            try:
+                store.put_back(depot.worker_name or "", calls[start : start + STEP])
+            except RedisDelayError as exc:
+                logger.warning(
+                    "redisdelay: could not put back %d call(s); they run again once their leases run out: %s",
+                    len(calls[start : start + STEP]),
+                    exc,
+                )

@@ -12,7 +12,8 @@
 --   give: the worker gives back the calls it holds that have not started (a warm shutdown: kombu puts
 --         their messages back in the queue): each is queued again with its queue timeout.
 --   requeue: the worker puts back calls whose messages kombu does not keep (redisdelay_skip_unacked, see
---         worker/unacked.py): a call given back at a warm shutdown, or whose run was rejected with requeue.
+--         worker/unacked.py): a call whose run was rejected with requeue, or that its channel held
+--         unacknowledged when it closed (a warm shutdown, a lost connection).
 --         Each goes back to the delay set due now, as the sweep puts a call back, and the next release
 --         delivers it again.
 -- Returns: the ids of the calls not held (hold: unknown, finished, held by another worker, or delivered again
