@@ -178,6 +178,31 @@ def test_calls_put_back_go_to_the_delay_set_due_now(rd: RedisDelay, client: redi
     assert released == {"waiting", "running", "unheld"}, "the next release delivers them again"
 
 
+def test_a_late_start_of_a_rejected_delivery_is_stale_but_not_one_of_a_call_put_back_at_close(
+    rd: RedisDelay, client: redis.Redis
+) -> None:
+    """A pool process writes its starts in batches, so a run's start may reach Redis after its worker put the
+    call back. After a reject with requeue that run is over: the call stays due, for its next delivery. After
+    a channel's close the worker may not have heard yet that a pool process started the call: the start takes
+    it back, as after the sweep, so that it does not run twice."""
+    for call_id in ("rejected", "closed"):
+        in_flight(rd, call_id)
+    rd.store.lease("w1", LEASE_MS, [("rejected", "rejected.1"), ("closed", "closed.1")], 2)
+    assert rd.store.put_back("w1", [("rejected", "rejected.1")], rejected=True) == []
+    assert rd.store.put_back("w1", [("closed", "closed.1")]) == []
+    assert rd.store.start("rejected", LONG_MS, LEASE_MS, "w1") == 0, "the rejected run's start is stale"
+    stayed = entry(rd, "rejected")
+    assert (stayed.state, stayed.meta["s"], stayed.meta["rj"]) == ("delayed", "swept", 1)
+    assert rd.store.start("closed", LONG_MS, LEASE_MS, "w1") == 2, "a start at close takes the call back"
+    assert (entry(rd, "closed").state, entry(rd, "closed").meta["s"]) == ("inflight", "running")
+
+    [again] = rd.store.claim(10, LONG_MS)  # the next delivery of the rejected call: its start is not stale
+    assert again.id == "rejected" and entry(rd, "rejected").meta["d"] == 2
+    assert rd.store.start("rejected", LONG_MS, LEASE_MS, "w2") == 1
+    started = entry(rd, "rejected")
+    assert started.meta["s"] == "running" and "rj" not in started.meta
+
+
 def test_the_workers_hash_forgets_idle_and_silent_workers(rd: RedisDelay, client: redis.Redis) -> None:
     in_flight(rd, "a")
     rd.store.lease("w1", LEASE_MS, [("a", "")], 1)

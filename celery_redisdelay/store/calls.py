@@ -351,16 +351,17 @@ class CallStore:
         broker's queue): each is queued again with its queue timeout. The ids it did not hold."""
         return self._leases("give", worker, lease_ms, held, 0)
 
-    def put_back(self, worker: str, held: Sequence[tuple[str, str]]) -> list[str]:
+    def put_back(self, worker: str, held: Sequence[tuple[str, str]], *, rejected: bool = False) -> list[str]:
         """``worker`` puts back calls whose messages kombu does not keep (``redisdelay_skip_unacked``): each goes
-        back to the delay set due now, and the next release delivers it again. The ids it could not put back
-        (another worker holds them, or they were delivered again since)."""
-        return self._leases("requeue", worker, 0, held, -1)
+        back to the delay set due now, and the next release delivers it again. ``rejected``: their runs were
+        rejected with requeue, so a start of these deliveries written later is a stale one (see lease.lua). The
+        ids it could not put back (another worker holds them, or they were delivered again since)."""
+        return self._leases("reject" if rejected else "requeue", worker, 0, held, -1)
 
     def _leases(self, op: str, worker: str, lease_ms: int, held: Sequence[tuple[str, str]], total: int) -> list[str]:
         ids = _step([call_id for call_id, _ in held])
         pairs = [value for call in held for value in call]
-        doing = {"hold": "renew the leases of", "give": "give back", "requeue": "put back"}[op]
+        doing = {"hold": "renew the leases of", "give": "give back", "requeue": "put back", "reject": "put back"}[op]
         action = f"{doing} {_which(ids)}"
         return _texts(self._run("lease", [worker, lease_ms, op, total, *pairs], action, [self.keys.workers]))
 

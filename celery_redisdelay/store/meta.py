@@ -40,6 +40,7 @@ class CallMeta(TypedDict, total=False):
     g: str  # kombu's delivery tag of the delivery that worker holds
     x: int  # the hard end of its run (ms): started + r, when r is the task's own
     b: int  # 1: a warm shutdown gave it back, and kombu put its message back in the list in kombu's own form
+    rj: int  # the delivery its worker rejected with requeue: a start of it written later is stale
     lg: str  # the gate of the limits it is under (store/limits.py)
     lw: int  # its due time, while it waits in its gate (s 'limited')
 

@@ -81,7 +81,7 @@ def install(channel: Any, depot: Depot) -> bool:
             return
         own.discard(delivery_tag)
         if requeue:
-            put_back(depot, str(delivery_tag))
+            put_back(depot, str(delivery_tag), rejected=True)
         base.ack(qos, delivery_tag)  # as kombu's Redis QoS ends a reject: the message leaves its count
 
     def restore_unacked(client: Any = None) -> Any:
@@ -105,9 +105,12 @@ def install(channel: Any, depot: Depot) -> bool:
     return True
 
 
-def put_back(depot: Depot, *tags: str) -> None:
+def put_back(depot: Depot, *tags: str, rejected: bool = False) -> None:
     """Put the calls of these deliveries back in the delay set, due now: one script per shard and step (see
-    :meth:`CallStore.put_back`)."""
+    :meth:`CallStore.put_back`). ``rejected``: their runs were rejected with requeue, so a start of them that
+    reaches Redis afterwards (a pool process writes its starts in batches, see :mod:`..store.outbox`) is stale
+    and leaves the call where it is, instead of taking it back as running as a late start does after the
+    sweep; it would then have waited for its lease."""
     by_store: dict[str, tuple[Any, list[tuple[str, str]]]] = {}
     for tag in tags:
         call_id = tag.rpartition(".")[0]
@@ -116,7 +119,7 @@ def put_back(depot: Depot, *tags: str) -> None:
     for store, calls in by_store.values():
         for start in range(0, len(calls), STEP):
             try:
-                store.put_back(depot.worker_name or "", calls[start : start + STEP])
+                store.put_back(depot.worker_name or "", calls[start : start + STEP], rejected=rejected)
             except RedisDelayError as exc:
                 logger.warning(
                     "redisdelay: could not put back %d call(s); they run again once their leases run out: %s",

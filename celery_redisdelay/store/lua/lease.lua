@@ -5,7 +5,7 @@
 -- g kombu's delivery tag of the delivery it holds, x the hard end of its run (the task's own timeout, set
 -- at start).
 -- KEYS[FIXED_KEYS + 1]: the workers hash, worker -> {"n": calls it holds here, "at": when it last renewed (ms)}.
--- ARGV: 1 worker, 2 lease (ms), 3 'hold', 'give' or 'requeue', 4 calls the worker holds in this store in all (-1: not
+-- ARGV: 1 worker, 2 lease (ms), 3 'hold', 'give', 'requeue' or 'reject', 4 calls the worker holds in this store in all (-1: not
 --       said, the workers hash is left as it is), then id, delivery tag for each call (at most a thousand)
 --   hold: take each call in flight that no other worker holds, or renew it; its deadline becomes
 --         now + lease, or later if touch() set a later one, and never past x.
@@ -16,9 +16,14 @@
 --         unacknowledged when it closed (a warm shutdown, a lost connection).
 --         Each goes back to the delay set due now, as the sweep puts a call back, and the next release
 --         delivers it again.
+--   reject: the same for calls whose runs were rejected with requeue, and the call notes which delivery
+--         was rejected (rj): a start of that delivery that reaches Redis after it (a pool process writes its
+--         starts in batches) is stale and does not take the call back, as a late start does after the sweep
+--         (start_call). A start at channel close is not stale: the worker may not have heard yet that a pool
+--         process started the call.
 -- Returns: the ids of the calls not held (hold: unknown, finished, held by another worker, or delivered again
--- since the delivery the worker names; give: not held by this worker; requeue: held by another worker, or
--- delivered again since).
+-- since the delivery the worker names; give: not held by this worker; requeue and reject: held by another
+-- worker, or delivered again since).
 local WORKERS = KEYS[FIXED_KEYS + 1]
 local wrong = check_type(WORKERS, 'hash')
 if wrong then
@@ -62,9 +67,12 @@ for i = 5, #ARGV, 2 do
         if deadline ~= tonumber(score) then
             redis.call('ZADD', INFLIGHT, deadline, id)
         end
-    elseif op == 'requeue' then
+    elseif op == 'requeue' or op == 'reject' then
         redis.call('ZREM', INFLIGHT, id)
         meta.s, meta.b = 'swept', nil
+        if op == 'reject' then
+            meta.rj = tonumber(meta.d)
+        end
         unheld(meta)
         free_slots(id, meta)
         save_meta(id, meta)

@@ -15,6 +15,7 @@
 --       o 1 when r is the task's own timeout; under a lease (lease.lua): h the worker holding the call,
 --       g kombu's delivery tag of the delivery it holds, x the hard end of its run (start + r, when o);
 --       b 1 when a warm shutdown gave it back (kombu put its message back in its own form, see sweep.lua);
+--       rj the delivery its worker rejected with requeue (lease.lua's reject; a late start of it is stale);
 --       lg the call's gate when it is under limits (see "Limits"), lw its due time while it waits in the gate
 --       (s 'limited')
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
@@ -541,14 +542,16 @@ local function start_call(id, default_run, lease, worker)
         meta, status = load_inflight_meta(id), 1
     else
         meta = load_meta(id)
-        if meta.s ~= 'swept' or redis.call('ZREM', DELAYED, id) == 0 then
+        -- A start of a delivery its worker rejected with requeue (lease.lua's reject) is stale: that run ended.
+        local rejected = meta.rj ~= nil and tonumber(meta.rj) == tonumber(meta.d)
+        if meta.s ~= 'swept' or rejected or redis.call('ZREM', DELAYED, id) == 0 then
             return 0
         end
         status = 2
     end
     local now = now_ms()
     local deadline = now + (tonumber(meta.r) or default_run)
-    meta.s = 'running'
+    meta.s, meta.rj = 'running', nil
     if meta.o then
         meta.x = deadline
     end
