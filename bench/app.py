@@ -39,12 +39,12 @@ from celery_redisdelay import RedisDelay
 from .common import (
     DEFAULT_QUEUE,
     ENV_ALL_TASKS,
+    ENV_KOMBU_UNACKED,
     ENV_LEASE,
     ENV_PARK_RECEIVED,
     ENV_PRECISE,
     ENV_PREFETCH,
     ENV_RESULTS,
-    ENV_SKIP_UNACKED,
     ENV_TICK,
     ENV_URL,
     KEY_PREFIX,
@@ -81,7 +81,7 @@ def build(
     prefetch: int = 1,
     lease: float | None = None,
     all_tasks: bool = False,
-    skip_unacked: bool = False,
+    kombu_unacked: bool = False,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
@@ -109,8 +109,8 @@ def build(
         conf["redisdelay_park_received"] = True
     if all_tasks:
         conf["redisdelay_all_tasks"] = True
-    if skip_unacked:
-        conf["redisdelay_skip_unacked"] = True
+    if kombu_unacked:
+        conf["redisdelay_skip_unacked"] = False
     if lease is not None:
         conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
     app.conf.update(conf)
@@ -160,7 +160,7 @@ def from_environment() -> BenchApp:
         prefetch=int(os.environ.get(ENV_PREFETCH, "1")),
         lease=float(os.environ[ENV_LEASE]) if os.environ.get(ENV_LEASE) else None,
         all_tasks=os.environ.get(ENV_ALL_TASKS) == "1",
-        skip_unacked=os.environ.get(ENV_SKIP_UNACKED) == "1",
+        kombu_unacked=os.environ.get(ENV_KOMBU_UNACKED) == "1",
         set_as_current=True,
     )
 

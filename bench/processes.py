@@ -15,12 +15,12 @@ from celery_redisdelay.testing import beat as beat_process
 
 from .common import (
     ENV_ALL_TASKS,
+    ENV_KOMBU_UNACKED,
     ENV_LEASE,
     ENV_PARK_RECEIVED,
     ENV_PRECISE,
     ENV_PREFETCH,
     ENV_RESULTS,
-    ENV_SKIP_UNACKED,
     ENV_TICK,
     ENV_URL,
 )
@@ -76,11 +76,11 @@ class Processes:
         prefetch: int = 1,
         lease: float | None = None,
         all_tasks: bool = False,
-        skip_unacked: bool = False,
+        kombu_unacked: bool = False,
     ) -> dict[str, str]:
         return {
             ENV_ALL_TASKS: "1" if all_tasks else "0",
-            ENV_SKIP_UNACKED: "1" if skip_unacked else "0",
+            ENV_KOMBU_UNACKED: "1" if kombu_unacked else "0",
             ENV_PREFETCH: str(prefetch),
             ENV_LEASE: "" if lease is None else str(lease),
             ENV_RESULTS: "1" if results else "0",
@@ -115,7 +115,7 @@ class Processes:
         lease: float | None = None,
         app: str = APP,
         all_tasks: bool = False,
-        skip_unacked: bool = False,
+        kombu_unacked: bool = False,
     ) -> CeleryProcess:
         """A worker of ``app`` (the bench's own by default), waited for until it is ready."""
         command = [
@@ -139,7 +139,7 @@ class Processes:
                 prefetch=prefetch,
                 lease=lease,
                 all_tasks=all_tasks,
-                skip_unacked=skip_unacked,
+                kombu_unacked=kombu_unacked,
             ),
             app,
         )

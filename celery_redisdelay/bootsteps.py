@@ -177,21 +177,25 @@ class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyp
 
 
 class SkipUnackedStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
-    """With ``redisdelay_skip_unacked``, the worker's task channel leaves kombu's unacked bookkeeping out for the
-    calls the store released (:mod:`celery_redisdelay.worker.unacked`). A step of the consumer: its channel is
-    made again on each connection, and set up again with it. Only where the broker is the store's Redis: there the
-    sweep finds a call its worker popped and died with before its lease was taken."""
+    """Unless ``redisdelay_skip_unacked`` is False, the worker's task channel leaves kombu's unacked bookkeeping
+    out for the calls the store released (:mod:`celery_redisdelay.worker.unacked`). A step of the consumer: its
+    channel is made again on each connection, and set up again with it. Only where the broker is the store's
+    Redis: there the sweep finds a call its worker popped and died with before its lease was taken. Elsewhere
+    kombu keeps its bookkeeping, with a warning where the setting is True."""
 
     label = "redisdelay skip unacked"
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def start(self, consumer: Any) -> None:
         depot = RedisDelay.of(consumer.app).depot
-        if not depot.settings.skip_unacked:
+        wanted = depot.settings.skip_unacked
+        if wanted is False:
             return
         channel = getattr(getattr(consumer, "task_consumer", None), "channel", None)
-        if not depot.fast_release or channel is None or not skip_unacked(channel, depot):
+        if depot.fast_release and channel is not None and skip_unacked(channel, depot):
+            depot.skipping_unacked = True
+        elif wanted:
             logger.warning(
-                "redisdelay: redisdelay_skip_unacked is on, but the broker is not the store's Redis through kombu's "
-                "Redis transport; kombu keeps its bookkeeping"
+                "redisdelay: redisdelay_skip_unacked is True, but the broker is not the store's Redis through "
+                "kombu's Redis transport; kombu keeps its bookkeeping"
             )

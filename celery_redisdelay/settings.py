@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_park_received_after": 1.0,
     "redisdelay_lease": 30.0,
     "redisdelay_lease_renewal": 10.0,
-    "redisdelay_skip_unacked": False,
+    "redisdelay_skip_unacked": None,
     "redisdelay_quotas": None,  # checked by store/limits.py when a call names a quota
     "redisdelay_task_limits": None,  # checked by producer/adoption.py at a plain task's first call
 }
@@ -91,7 +91,9 @@ class Settings:
     lease_renewal: float = 10.0
     #: A worker leaves kombu's unacknowledged-message bookkeeping out for the calls the store released: their
     #: leases track them, and a call given back or requeued goes back through the store (worker/unacked.py).
-    skip_unacked: bool = False
+    #: None (the default): where the broker is the store's Redis through kombu's Redis transport; True insists
+    #: (a warning where it cannot); False keeps kombu's bookkeeping.
+    skip_unacked: bool | None = None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -173,7 +175,7 @@ class Settings:
             park_received_after=float(park_received_after),
             lease=lease,
             lease_renewal=lease_renewal,
-            skip_unacked=bool(_optional_bool(conf, "redisdelay_skip_unacked")),
+            skip_unacked=_optional_bool(conf, "redisdelay_skip_unacked"),
         )
 
 

@@ -194,6 +194,15 @@ def test_park_received_follows_all_tasks_unless_set() -> None:
     assert read(redisdelay_park_received=True, redisdelay_park_received_after=0) == (False, True, 0.0)
 
 
+def test_skip_unacked_is_automatic_unless_set() -> None:
+    """None (the default): the worker's consumer step decides, by the broker (tests/test_skip_unacked.py)."""
+
+    def read(**conf: object) -> bool | None:
+        return Settings.from_conf({"broker_url": BROKER, **conf}).skip_unacked
+
+    assert (read(), read(redisdelay_skip_unacked=True), read(redisdelay_skip_unacked=False)) == (None, True, False)
+
+
 @pytest.mark.parametrize(
     ("name", "bad"),
     [

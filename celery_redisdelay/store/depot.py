@@ -38,6 +38,10 @@ class Depot:
         #: stale-delivery checks name. Celery's request may say another (its in-process test worker's
         #: requests say the bare host); empty outside a worker.
         self.worker_name = ""
+        #: Whether this worker's task channel leaves kombu's unacked bookkeeping out for the store's deliveries
+        #: (``redisdelay_skip_unacked``), set by the worker's consumer step: its channel's close then puts back
+        #: the calls it holds, which the leases would otherwise give back.
+        self.skipping_unacked = False
 
     @cached_property
     def settings(self) -> Settings:

@@ -188,7 +188,7 @@ class Leases:
         # Where kombu keeps no copy of the store's deliveries (redisdelay_skip_unacked), the channel's close puts
         # them back through the store once the worker no longer fetches (worker/unacked.py): putting them back
         # now would let this worker's last fetch take them again. kombu puts back the others.
-        skip = self.depot.settings.skip_unacked and self.depot.fast_release
+        skip = self.depot.skipping_unacked
         for store, calls in by_store.values():
             kept = [call for call in calls if not (skip and store_delivery(*call))]
             for start in range(0, len(kept), SCRIPT_STEP):

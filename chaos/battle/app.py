@@ -9,7 +9,7 @@ body to be killed in (no sleep) writes both in one round trip, a batch those of 
 
 Configured from the environment (``chaos/battle/config.py``): the store's and broker's URL, the ledger's,
 kombu's ``visibility_timeout`` (``redisdelay_queue_timeout`` is twice it), ``redisdelay_lease``,
-``redisdelay_skip_unacked``, the batch.
+``redisdelay_skip_unacked`` False, the batch.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from .config import (
     DONE,
     ENDS,
     ENV_BATCH,
+    ENV_KOMBU_UNACKED,
     ENV_LEASE,
     ENV_LEDGER_URL,
     ENV_PLAIN,
-    ENV_SKIP_UNACKED,
     ENV_URL,
     ENV_VISIBILITY,
     KEY_PREFIX,
@@ -181,8 +181,8 @@ if not PLAIN:
     if os.environ.get(ENV_LEASE):
         lease = float(os.environ[ENV_LEASE])
         app.conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
-    if os.environ.get(ENV_SKIP_UNACKED) == "1":
-        app.conf.update(redisdelay_skip_unacked=True)
+    if os.environ.get(ENV_KOMBU_UNACKED) == "1":
+        app.conf.update(redisdelay_skip_unacked=False)
     rd = extension = RedisDelay(app)
 
     @extension.delayed(

@@ -16,8 +16,8 @@ ENV_PLAIN = "REDISDELAY_BATTLE_PLAIN"
 ENV_VISIBILITY = "REDISDELAY_BATTLE_VISIBILITY_TIMEOUT"
 #: ``redisdelay_lease`` in seconds (its renewal a third of it); empty: the package's default.
 ENV_LEASE = "REDISDELAY_BATTLE_LEASE"
-#: ``1``: ``redisdelay_skip_unacked`` on (kombu keeps no copy of the store's deliveries).
-ENV_SKIP_UNACKED = "REDISDELAY_BATTLE_SKIP_UNACKED"
+#: ``1``: ``redisdelay_skip_unacked`` False (kombu keeps its copy of the store's deliveries too).
+ENV_KOMBU_UNACKED = "REDISDELAY_BATTLE_KOMBU_UNACKED"
 #: The size of a keyed batch and the most its first item waits, ``size,max_wait``.
 ENV_BATCH = "REDISDELAY_BATTLE_BATCH"
 

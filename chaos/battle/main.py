@@ -69,7 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--lease", type=float, default=None, help="redisdelay_lease (the package's 30 s)")
     parser.add_argument(
-        "--skip-unacked", action="store_true", help="redisdelay_skip_unacked: kombu keeps no copy of the store's calls"
+        "--kombu-unacked",
+        action="store_true",
+        help="redisdelay_skip_unacked False: kombu keeps its copy of the store's calls too",
     )
     parser.add_argument("--late-seconds", type=float, default=LATE_SECONDS, help="late, per SIGKILL: after this")
     parser.add_argument("--deadline", type=float, default=None, help="give up the drain after this (s)")
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             "visibility_timeout": args.visibility_timeout,
             "queue_timeout": None if args.plain else 2 * args.visibility_timeout,
             "lease": args.lease,
-            "skip_unacked": args.skip_unacked,
+            "kombu_unacked": args.kombu_unacked,
             "batch": [args.batch_size, args.batch_wait],
             "fault_rates_per_minute": rates,
         },

@@ -38,10 +38,10 @@ from .config import (
     DONE,
     ENDS,
     ENV_BATCH,
+    ENV_KOMBU_UNACKED,
     ENV_LEASE,
     ENV_LEDGER_URL,
     ENV_PLAIN,
-    ENV_SKIP_UNACKED,
     ENV_URL,
     ENV_VISIBILITY,
     QUEUE,
@@ -116,7 +116,7 @@ class Battle:
             ENV_PLAIN: "1" if self.plain else "0",
             ENV_VISIBILITY: str(self.args.visibility_timeout),
             ENV_LEASE: str(self.args.lease or ""),
-            ENV_SKIP_UNACKED: "1" if self.args.skip_unacked else "0",
+            ENV_KOMBU_UNACKED: "1" if self.args.kombu_unacked else "0",
             ENV_BATCH: f"{self.args.batch_size},{self.args.batch_wait}",
         }
         os.environ.update(env)
