@@ -61,7 +61,7 @@ def test_kombu_keeps_no_copy_of_the_stores_deliveries(redis_server: RedisServer,
         key = f"{run.prefix}:runs"
         broker = redis.Redis.from_url(run.conf["broker_url"])
         sleep = run.task("pools.sleep")
-        long = sleep.apply_async((key, 10.0))  # the worker holds the others meanwhile
+        long = sleep.apply_async((key, 20.0))  # the worker holds the others meanwhile, on a busy machine too
         wait_for(lambda: long.id in starts(run, key), 30, "the long call to start")
         quick = [sleep.apply_async((key, 0.0)).id for _ in range(5)]
         plain = run.task("plain.record").apply_async((key,))  # published by kombu, due now: not the store's
@@ -149,3 +149,20 @@ def test_a_killed_workers_calls_run_again_once_their_leases_run_out(redis_server
         assert all(ran[i] == ["second"] for i in quick), ran
         wait_for(run.settled, 30, "every call to be acknowledged")
         first.remove_files()
+
+
+@pytest.mark.parametrize("skip", [None, True], ids=["default", "insisted"])
+def test_a_store_apart_from_the_broker_keeps_kombus_bookkeeping(redis_server: RedisServer, skip: bool | None) -> None:
+    """Where the store is not the broker's Redis, the sweep cannot find a call in the broker's lists, so kombu
+    keeps its bookkeeping: silently by default, with a warning where the setting insists."""
+    conf = {**CONF, "redisdelay_url": f"{redis_server.url}/6"}
+    if skip is not None:
+        conf["redisdelay_skip_unacked"] = skip
+    with pool_worker(redis_server, "prefork", concurrency=1, **conf) as run:
+        assert not run.rd.fast_release
+        key = f"{run.prefix}:runs"
+        call = run.task("pools.record").apply_async((key, "apart"), countdown=0.2)
+        wait_for(lambda: run.notes(key), 30, "the call to run")
+        assert [note["id"] for note in run.notes(key)] == [call.id]
+        warned = "redisdelay_skip_unacked is True, but the broker" in run.worker.output()
+        assert warned is bool(skip), run.output()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
@@ -94,6 +94,15 @@ class ShardSet:
         """The shard a call with this id is parked in."""
         self.register()
         return self.stores[shard_of(call_id, self.count)]
+
+    def by_home(self, calls: Iterable[tuple[str, str]]) -> dict[str, tuple[CallStore, list[tuple[str, str]]]]:
+        """Calls (id, delivery tag) grouped by their home shard, by its hash tag, in order: what the lease
+        scripts take per shard (at most :data:`LARGEST_STEP` a script)."""
+        grouped: dict[str, tuple[CallStore, list[tuple[str, str]]]] = {}
+        for call in calls:
+            store = self.home(call[0])
+            grouped.setdefault(store.keys.tag, (store, []))[1].append(call)
+        return grouped
 
     def for_name(self, name: str) -> CallStore:
         """The shard of a lock, a batch group or a unique/debounce key."""

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 from celery.worker import state
 
 from ..errors import RedisDelayError
+from ..store.calls import LARGEST_STEP
 from .unacked import store_delivery
 
 if TYPE_CHECKING:
-    from ..store.calls import CallStore
     from ..store.depot import Depot
 
 logger = logging.getLogger(__name__)
@@ -43,8 +43,6 @@ logger = logging.getLogger(__name__)
 TAKE_BATCH = 100
 #: ... or this long after the first of them.
 TAKE_WINDOW_SECONDS = 0.005
-#: The most calls one lease script takes (CallStore's bulk step).
-SCRIPT_STEP = 1000
 
 
 @dataclass
@@ -140,10 +138,7 @@ class Leases:
     def _hold(self, calls: Sequence[tuple[str, str]], renewal: bool) -> bool:
         """Write the leases of ``calls``, per shard and in steps; whether every write reached Redis. A renewal
         also says how many calls the worker holds on each shard (a take leaves that to the next renewal)."""
-        by_store: dict[str, tuple[CallStore, list[tuple[str, str]]]] = {}
-        for call in calls:
-            store = self.depot.shards.home(call[0])
-            by_store.setdefault(store.keys.tag, (store, []))[1].append(call)
+        by_store = self.depot.shards.by_home(calls)
         if renewal:  # a shard whose calls all finished hears that this worker holds none there
             for store in self.depot.shards.all():
                 by_store.setdefault(store.keys.tag, (store, []))
@@ -153,8 +148,8 @@ class Leases:
                 total = len(held) if renewal else -1
                 if not held:
                     store.lease(self.worker, self.lease_ms, [("", "")], total)
-                for start in range(0, len(held), SCRIPT_STEP):
-                    store.lease(self.worker, self.lease_ms, held[start : start + SCRIPT_STEP], total)
+                for start in range(0, len(held), LARGEST_STEP):
+                    store.lease(self.worker, self.lease_ms, held[start : start + LARGEST_STEP], total)
             except RedisDelayError as exc:
                 ok = False
                 if not self._outage:
@@ -181,19 +176,15 @@ class Leases:
             given = [(call_id, held.tag) for call_id, held in self.held.items() if call_id not in still]
             for call_id, _ in given:
                 del self.held[call_id]
-        by_store: dict[str, tuple[CallStore, list[tuple[str, str]]]] = {}
-        for call in given:
-            store = self.depot.shards.home(call[0])
-            by_store.setdefault(store.keys.tag, (store, []))[1].append(call)
         # Where kombu keeps no copy of the store's deliveries (redisdelay_skip_unacked), the channel's close puts
         # them back through the store once the worker no longer fetches (worker/unacked.py): putting them back
         # now would let this worker's last fetch take them again. kombu puts back the others.
         skip = self.depot.skipping_unacked
-        for store, calls in by_store.values():
+        for store, calls in self.depot.shards.by_home(given).values():
             kept = [call for call in calls if not (skip and store_delivery(*call))]
-            for start in range(0, len(kept), SCRIPT_STEP):
+            for start in range(0, len(kept), LARGEST_STEP):
                 try:
-                    store.give_back(self.worker, self.lease_ms, kept[start : start + SCRIPT_STEP])
+                    store.give_back(self.worker, self.lease_ms, kept[start : start + LARGEST_STEP])
                 except RedisDelayError as exc:
                     logger.warning("redisdelay: could not give back %d call(s); they run again: %s", len(kept), exc)
         self._wake.set()

@@ -28,14 +28,13 @@ from typing import TYPE_CHECKING, Any
 from kombu.transport import virtual
 
 from ..errors import RedisDelayError
+from ..store.calls import LARGEST_STEP
 
 if TYPE_CHECKING:
     from ..store.depot import Depot
 
 logger = logging.getLogger(__name__)
 
-#: The most calls one script puts back (CallStore's bulk step).
-STEP = 1000
 #: The attribute that marks a channel's QoS as already set up.
 INSTALLED = "_redisdelay_skip_unacked"
 
@@ -111,18 +110,14 @@ def put_back(depot: Depot, *tags: str, rejected: bool = False) -> None:
     reaches Redis afterwards (a pool process writes its starts in batches, see :mod:`..store.outbox`) is stale
     and leaves the call where it is, instead of taking it back as running as a late start does after the
     sweep; it would then have waited for its lease."""
-    by_store: dict[str, tuple[Any, list[tuple[str, str]]]] = {}
-    for tag in tags:
-        call_id = tag.rpartition(".")[0]
-        store = depot.shards.home(call_id)
-        by_store.setdefault(store.keys.tag, (store, []))[1].append((call_id, tag))
-    for store, calls in by_store.values():
-        for start in range(0, len(calls), STEP):
+    for store, calls in depot.shards.by_home((tag.rpartition(".")[0], tag) for tag in tags).values():
+        for start in range(0, len(calls), LARGEST_STEP):
+            step = calls[start : start + LARGEST_STEP]
             try:
-                store.put_back(depot.worker_name or "", calls[start : start + STEP], rejected=rejected)
+                store.put_back(depot.worker_name or "", step, rejected=rejected)
             except RedisDelayError as exc:
                 logger.warning(
                     "redisdelay: could not put back %d call(s); they run again once their leases run out: %s",
-                    len(calls[start : start + STEP]),
+                    len(step),
                     exc,
                 )
