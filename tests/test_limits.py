@@ -388,9 +388,19 @@ def test_a_rate_the_tick_releaser_cannot_keep_is_reported_at_start_up(
     assert all("redisdelay_precise_release = True" in problem for problem in found)
 
 
-def test_a_slot_whose_holder_left_flight_unseen_is_found_when_slots_are_counted(rd: RedisDelay, client: Any) -> None:
+def in_flight_under(rd: RedisDelay, client: Any) -> dict[str, int]:
+    """The slots held of each limit instance and, ``\\0<limit>``, of each limit (the held hash, its own field
+    left out)."""
+    return {field.decode(): int(value) for field, value in client.hgetall(rd.keys.held).items() if field}
+
+
+def holders(rd: RedisDelay, client: Any) -> dict[str, str]:
+    return {field.decode(): value.decode() for field, value in client.hgetall(rd.keys.holders).items() if field}
+
+
+def test_a_slot_whose_holder_left_flight_unseen_is_found_by_the_sweep(rd: RedisDelay, client: Any) -> None:
     """Fault injection: a holder leaves flight by a way that does not give its slot back (here, removed by hand);
-    the count that reaches the limit finds it, and the waiting call goes."""
+    the sweep finds it, gives its slot back, and the waiting call goes."""
 
     @rd.delayed(name="limits.one_at_a_time", limit_concurrency=1)
     def task(n: int) -> None: ...
@@ -401,9 +411,100 @@ def test_a_slot_whose_holder_left_flight_unseen_is_found_when_slots_are_counted(
     holder = json.loads(client.lindex(queue, 0))["headers"]["id"]
     waiting = second.id if holder == first.id else first.id
     assert rd.find(waiting).meta["s"] == "limited"  # type: ignore[union-attr]
+    assert holders(rd, client) == {holder: "task:limits.one_at_a_time\t"}
     client.zrem(rd.keys.inflight, holder)
+    release(rd)
+    assert client.llen(queue) == 1  # the count says the slot is held: the release alone does not look further
+    rd.depot.shards.stores[0].sweep(100, 5)
     wait_for(lambda: release(rd) and client.llen(queue) == 2, 5, "the waiting call to go once the slot is found free")
-    assert client.zlexcount(rd.keys.slots, "-", "+") == 1  # the stale holder is gone, the new one holds it
+    assert holders(rd, client) == {waiting: "task:limits.one_at_a_time\t"}  # the stale holder is gone
+    assert in_flight_under(rd, client) == {"task:limits.one_at_a_time\t": 1, "\0task:limits.one_at_a_time": 1}
+
+
+def test_every_way_out_of_flight_gives_the_slots_back_once(rd: RedisDelay, client: Any) -> None:
+    """The count of held slots is kept beside its holders: an acknowledgement, a sweep, a failed publish (the calls
+    given back unpublished) and a park again of the same id each give back what the call held, once; at the end
+    nothing is held."""
+    rd.app.conf.redisdelay_quotas = {"exact": {"concurrency": 100}}
+
+    @rd.delayed(name="limits.exact", limit_concurrency=10, limit_key="k:{key}", limit_quota="exact")
+    def task(key: int) -> None: ...
+
+    store = rd.depot.shards.stores[0]
+    calls = [task.delay(n % 2) for n in range(6)]
+    claimed = store.release(500, 5000, 60_000, [])  # no queue list: every call is claimed, to be published
+    assert len(claimed.claimed) == 6
+    assert in_flight_under(rd, client) == {
+        "task:limits.exact\tk:0": 3,
+        "task:limits.exact\tk:1": 3,
+        "quota:exact\t": 6,
+        "\0task:limits.exact": 6,
+        "\0quota:exact": 6,
+    }
+    assert holders(rd, client) == {
+        call.id: f"task:limits.exact\tk:{n % 2}\nquota:exact\t" for n, call in enumerate(calls)
+    }
+    assert store.ack(calls[0].id) and not store.ack(calls[0].id)  # a second acknowledgement gives nothing back
+    client.zadd(rd.keys.inflight, {calls[1].id: 0})  # its deadline passed
+    assert store.sweep(100, 5) == (1, 0)
+    assert store.unclaim([calls[2].id, calls[2].id]) == 1
+    task.apply_async((0,), task_id=calls[4].id, countdown=60)  # parked again under its id, as a retry is
+    assert in_flight_under(rd, client) == {
+        "task:limits.exact\tk:1": 2,  # calls[3] and calls[5]
+        "quota:exact\t": 2,
+        "\0task:limits.exact": 2,
+        "\0quota:exact": 2,
+    }
+    assert set(holders(rd, client)) == {calls[3].id, calls[5].id}
+    store.ack(calls[3].id)
+    store.ack(calls[5].id)
+    assert in_flight_under(rd, client) == {} and holders(rd, client) == {}
+
+
+def test_the_slot_counts_are_hash_tables_whatever_their_size(rd: RedisDelay, client: Any) -> None:
+    """A small hash is kept in a compact encoding whose lookups are linear scans; the release reads and writes
+    hundreds of fields of these at once, so they are kept hash tables from their first write."""
+
+    @rd.delayed(name="limits.encoded", limit_concurrency=2)
+    def task() -> None: ...
+
+    task.delay()
+    release(rd)
+    assert client.object("encoding", rd.keys.held) == b"hashtable"
+    assert client.object("encoding", rd.keys.holders) == b"hashtable"
+
+
+def test_slot_holders_as_earlier_releases_kept_them_are_counted_then_moved(rd: RedisDelay, client: Any) -> None:
+    """A store written by an earlier release keeps its slot holders in a lex-ordered set: they count against the
+    limit as they are, a holder's acknowledgement gives its slot back, and the sweep moves the rest into the
+    count (the holder no longer in flight is dropped)."""
+
+    @rd.delayed(name="limits.upgraded", limit_concurrency=2)
+    def task(n: int) -> None: ...
+
+    old = [task.delay(n) for n in range(3)]
+    store = rd.depot.shards.stores[0]
+    queue = rd.app.conf.task_default_queue
+    release(rd)
+    assert client.llen(queue) == 2
+    # Written as an earlier release wrote its holders: the two calls in flight, and one no longer in flight.
+    instance = b"task:limits.upgraded\t"
+    let_out = [json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1)]
+    client.delete(rd.keys.held, rd.keys.holders)
+    client.zadd(rd.keys.slots, {instance + b"\0" + call_id.encode(): 0 for call_id in [*let_out, "gone"]})
+    release(rd)
+    assert client.llen(queue) == 2  # three counted: the third call waits
+    store.ack(let_out[0])
+    assert client.zcard(rd.keys.slots) == 2
+    release(rd)
+    assert client.llen(queue) == 2  # the holder no longer in flight counts until the sweep looks at it
+    store.sweep(100, 5)
+    assert client.exists(rd.keys.slots) == 0
+    assert holders(rd, client) == {let_out[1]: "task:limits.upgraded\t"}
+    wait_for(lambda: release(rd) and client.llen(queue) == 3, 5, "the third call to go")
+    third = ({call.id for call in old} - set(let_out)).pop()
+    assert holders(rd, client) == {let_out[1]: "task:limits.upgraded\t", third: "task:limits.upgraded\t"}
+    assert in_flight_under(rd, client) == {"task:limits.upgraded\t": 2, "\0task:limits.upgraded": 2}
 
 
 def test_a_limited_call_with_damaged_metadata_does_not_stop_the_release(rd: RedisDelay, client: Any) -> None:
@@ -474,8 +575,8 @@ def test_a_key_that_json_escapes_is_one_limit_instance_however_its_gate_is_read(
     release(rd)
     assert {json.loads(item)["headers"]["id"] for item in client.lrange(queue, 0, -1)} == {c.id for c in first}
     assert {rd.find(c.id).meta["s"] for c in second} == {"limited"}  # type: ignore[union-attr]
-    holders = {member.split(b"\0")[0].decode() for member in client.zrange(rd.keys.slots, 0, -1)}
-    assert holders == {"quota:escapes\t"} | {f"task:limits.escapes\tk:{key}" for key in keys}
+    held = {field for field in in_flight_under(rd, client) if not field.startswith("\0")}
+    assert held == {"quota:escapes\t"} | {f"task:limits.escapes\tk:{key}" for key in keys}
     for call in first:
         rd.depot.shards.stores[0].ack(call.id)
     wait_for(lambda: release(rd) and client.llen(queue) == 2 * len(keys), 5, "each key's second call to go")

@@ -90,13 +90,17 @@ def _read_store(store: CallStore, states: dict[str, LimitState]) -> None:
     with redis_errors("count the calls in flight under limits"):
         pipe = store.client.pipeline(transaction=False)
         for name in states:
+            pipe.hget(keys.held, f"\0{name}")
+        for name in states:  # slot holders as earlier releases kept them, until the sweep has moved them all
             prefix = f"{name}\t".encode()
             pipe.zlexcount(keys.slots, b"[" + prefix, b"[" + prefix + b"\xff")
         for name in states:
             pipe.hget(keys.counters, f"limit_released:{name}")
         replies = pipe.execute()
-        for name, count, released in zip(states, replies, replies[len(states) :], strict=False):
-            states[name].in_flight += int(count)
+        count = len(states)
+        for index, name in enumerate(states):
+            held, old, released = replies[index], replies[count + index], replies[2 * count + index]
+            states[name].in_flight += int(held or 0) + int(old)
             states[name].released += int(released or 0)
 
 

@@ -1,7 +1,7 @@
 """Names of the Redis keys, built in one place.
 
 All keys of one call store share one hash tag (``{prefix}``, or ``{prefix:N}`` for the shards of
-``redisdelay_shards``), so every script runs on one Redis Cluster slot: the sixteen fixed keys, and the
+``redisdelay_shards``), so every script runs on one Redis Cluster slot: the eighteen fixed keys, and the
 per-name keys of batch groups and locks. Validation runs use their own hash tag, one per run.
 """
 
@@ -96,8 +96,21 @@ class Keyspace:
 
     @property
     def slots(self) -> str:
-        """The calls in flight holding a concurrency slot of a limit (a lex-ordered zset)."""
+        """The calls in flight holding a concurrency slot of a limit, as earlier releases kept them (a
+        lex-ordered zset): counted while any is left, and moved into :attr:`held` and :attr:`holders` by the
+        sweep."""
         return self._key("slots")
+
+    @property
+    def held(self) -> str:
+        """How many concurrency slots calls in flight hold: of each limit instance, and of each limit (field
+        ``NUL <limit>``)."""
+        return self._key("held")
+
+    @property
+    def holders(self) -> str:
+        """The calls in flight holding concurrency slots: id -> the limit instances, one per line."""
+        return self._key("holders")
 
     @property
     def paces(self) -> str:
@@ -111,7 +124,7 @@ class Keyspace:
 
     @property
     def store_keys(self) -> list[str]:
-        """The sixteen keys every store script receives, in the order the scripts expect."""
+        """The eighteen keys every store script receives, in the order the scripts expect."""
         return [
             self.delayed,
             self.inflight,
@@ -129,6 +142,8 @@ class Keyspace:
             self.slots,
             self.paces,
             self.waits,
+            self.held,
+            self.holders,
         ]
 
     def batch_items(self, group: str) -> str:

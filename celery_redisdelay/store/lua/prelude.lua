@@ -1,7 +1,7 @@
 -- prelude.lua: helpers prepended to every script of the call store. Ahead of it scripts.py defines
 -- MESSAGE_PREFIX and BATCH_PREFIX, how a stored broker message and a flushed batch begin (stored.py).
 --
--- Every script of the store receives the same sixteen keys first, all sharing one hash tag:
+-- Every script of the store receives the same eighteen keys first, all sharing one hash tag:
 --   KEYS[1] delayed   zset  id -> due time (ms since the epoch, server clock)
 --   KEYS[2] inflight  zset  id -> deadline (ms)
 --   KEYS[3] dead      zset  id -> time it was dead-lettered (ms)
@@ -37,16 +37,21 @@
 --       "c": most calls in flight}
 --   KEYS[12] gates   zset  gate -> when its first waiting call may be looked at again (ms)
 --   KEYS[13] gated   zset  (lex, score 0) gate NUL due (15 digits) NUL id: the due calls waiting in each gate
---   KEYS[14] slots   zset  (lex, score 0) limit instance NUL id: the calls in flight holding a concurrency slot
+--   KEYS[14] slots   zset  (lex, score 0) limit instance NUL id: slot holders as earlier releases wrote them;
+--       counted while any is left, and moved into held and holders by the sweep (sweep.lua)
 --   KEYS[15] paces   zset  limit instance NUL rate number -> the rate's theoretical arrival time (GCRA, ms)
 --   KEYS[16] waits   zset  (lex, score 0) limit instance NUL gate: gates waiting for a slot of that instance
+--   KEYS[17] held    hash  limit instance -> calls in flight holding one of its concurrency slots; NUL limit -> the
+--       same summed over the limit's instances (a field that reaches 0 is deleted)
+--   KEYS[18] holders hash  id -> the limit instances whose slots the call in flight holds, one per line
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
 local DELAYED, INFLIGHT, DEAD, PAYLOADS, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local INDEX, BATCHES, COUNTERS, WAKE, HISTORY = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local LIMITS, GATES, GATED, SLOTS, PACES, WAITS = KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local HELD, HOLDERS = KEYS[17], KEYS[18]
 local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash', 'zset', 'hash',
-    'hash', 'zset', 'zset', 'zset', 'zset', 'zset'}
+    'hash', 'zset', 'zset', 'zset', 'zset', 'zset', 'hash', 'hash'}
 local FIXED_KEYS = #EXPECTED_TYPES  -- a script's own keys come after these
 -- Precise releasers need no more markers than this: each one only says "look again now".
 local MOST_MARKERS = 16
@@ -234,21 +239,23 @@ end
 -- - A rate of n calls per p ms is a GCRA with no burst: a call may go when now >= TAT - T/4 (T = p / n, the
 --   quarter absorbs a releaser's wake-up delay), and the TAT becomes max(TAT, now) + T. In any window of p
 --   ms at most n + 1 calls go.
--- - A concurrency of c allows c calls in flight (released and not finished). A call holds a slot (SLOTS) from
---   its release until it leaves INFLIGHT: acknowledged, swept back (its worker died), dead-lettered or parked
---   again. The acknowledgement and the sweep give the slot back at once and wake the gates waiting for it;
---   any other way out is found when the slots are counted (a holder no longer in flight is no holder).
+-- - A concurrency of c allows c calls in flight (released and not finished). A call holds a slot from its
+--   release until it leaves INFLIGHT: acknowledged, swept back (its worker died), dead-lettered, deferred
+--   behind a lock, given back unpublished or parked again. Each of these gives its slots back at once
+--   (free_slots) and wakes the gates waiting for them. The count of an instance's slots (HELD) is kept with its
+--   holders (HOLDERS) in the same scripts, so it is exact: one field read tells whether a call may go. A
+--   holder no longer in flight (a script of an earlier release let it go, or a hand removed it) is found by the
+--   sweep, which looks at a few holders each time, in turns (sweep.lua).
 local NUL, AFTER_NUL = '\0', '\1'
-local SLOT_PRUNE = 32  -- slot holders looked at, at most, per count that reaches the limit
 local WAKE_GATES = 8  -- gates woken, at most, per slot given back
 local LIMIT_RECHECK = 2000  -- a gate waiting for a slot looks again after this long (ms), woken or not
 
 local limit_specs, gate_limits_seen = {}, {}
-local slots_taken_now = {}  -- calls given a slot by this script: in flight once it ends
 
--- A limit as set ('set:') or declared ('code:'): {r = {{calls, per ms}, ...}, c = most in flight}; false
--- for none (a limit nobody declares any more holds nothing back). Only positive numbers are taken from it:
--- a damaged part holds nothing back, and no script fails on it; a setting that is not JSON leaves the code's.
+-- A limit as set ('set:') or declared ('code:'): {r = {{calls, per ms}, ...}, c = most in flight, suffixes and
+-- intervals: for each rate, what its pace's member has after the instance, and T (ms)}; false for none (a limit
+-- nobody declares any more holds nothing back). Only positive numbers are taken from it: a damaged part holds
+-- nothing back, and no script fails on it; a setting that is not JSON leaves the code's.
 local function limit_spec(name)
     local spec = limit_specs[name]
     if spec == nil then
@@ -258,7 +265,7 @@ local function limit_spec(name)
             ok, decoded = pcall(cjson.decode, redis.call('HGET', LIMITS, 'code:' .. name) or '')
         end
         if ok and type(decoded) == 'table' then
-            spec = {r = {}, c = tonumber(decoded.c)}
+            spec = {r = {}, c = tonumber(decoded.c), suffixes = {}, intervals = {}}
             if spec.c and spec.c < 1 then
                 spec.c = nil
             end
@@ -266,6 +273,8 @@ local function limit_spec(name)
                 local calls, per = type(rate) == 'table' and tonumber(rate[1]), type(rate) == 'table' and tonumber(rate[2])
                 if calls and per and calls > 0 and per > 0 then
                     spec.r[#spec.r + 1] = {calls, per}
+                    spec.suffixes[#spec.r] = NUL .. #spec.r
+                    spec.intervals[#spec.r] = per / calls
                 end
             end
         end
@@ -274,21 +283,26 @@ local function limit_spec(name)
     return spec
 end
 
--- A limit instance as the scripts use it: its name, its limit's name, its paces ({member, interval ms} per
--- rate), its concurrency (most) and the prefix of its slot holders. Worked out once per script.
+-- A limit instance as the scripts use it: its name, its limit's name, its paces (a member of PACES per rate),
+-- their intervals (ms) and its concurrency (most). Worked out once per script.
 local instances_seen = {}
+local NO_RATES = {}
 local function limit_instance(instance)
     local found = instances_seen[instance]
     if not found then
         local name = string.match(instance, '^[^\t]*')
         local spec = limit_spec(name)
-        found = {instance = instance, name = name, paces = {}, slot = instance .. NUL}
-        if spec then
-            for number, rate in ipairs(spec.r) do
-                found.paces[number] = {instance .. NUL .. number, rate[2] / rate[1]}
+        local paces = NO_RATES
+        if spec and #spec.suffixes > 0 then
+            paces = {}
+            for number, suffix in ipairs(spec.suffixes) do
+                paces[number] = instance .. suffix
             end
-            found.most = spec.c
         end
+        -- With every field the release keeps in it (see release.lua), so that the table is sized once.
+        found = {instance = instance, name = name, paces = paces, intervals = spec and spec.intervals or NO_RATES,
+            most = spec and spec.c or false, arrivals = false, held_field = false, held = false, taken = 0,
+            changed = false}
         instances_seen[instance] = found
     end
     return found
@@ -315,25 +329,46 @@ local function lex_range(prefix)
     return '[' .. prefix .. NUL, '(' .. prefix .. AFTER_NUL
 end
 
--- How many slots of an instance are held (an upper bound once it reaches ``most``): holders no longer in flight
--- (nor let out by this script) are dropped as they are met, SLOT_PRUNE looked at per count.
-local function slots_taken(instance, most)
+-- Slot holders as earlier releases wrote them (SLOTS): counted beside HELD until the sweep has moved them
+-- all (sweep.lua). Whether any is left is asked once per script.
+local old_slots = nil
+local function any_old_slots()
+    if old_slots == nil then
+        old_slots = redis.call('EXISTS', SLOTS) == 1
+    end
+    return old_slots
+end
+
+local function old_slots_held(instance)
+    if not any_old_slots() then
+        return 0
+    end
     local low, high = lex_range(instance)
-    local held = redis.call('ZLEXCOUNT', SLOTS, low, high)
-    if held < most then
-        return held
+    return redis.call('ZLEXCOUNT', SLOTS, low, high)
+end
+
+-- HELD and HOLDERS are read and written hundreds of fields at a time. Redis keeps a small hash (up to
+-- hash-max-listpack-entries fields, 512 by default) in a compact encoding whose every lookup is a linear scan:
+-- at a few hundred fields, ten times what a lookup costs in a hash table. A value longer than
+-- hash-max-listpack-value (64 bytes by default) makes Redis convert the hash to a table for good, so each
+-- release step that writes them writes this field too; nothing else reads it.
+local TABLE_FIELD = ''
+local TABLE_VALUE = string.rep('(a long value keeps this hash a hash table; see prelude.lua) ', 4)
+
+-- The field of HELD that sums a limit's instances.
+local function limit_total(instance)
+    return NUL .. string.match(instance, '^[^\t]*')
+end
+
+-- Add n (which may be negative) to the slots held of an instance and of its limit; a count that reaches 0 goes.
+local function add_held(instance, n)
+    if redis.call('HINCRBY', HELD, instance, n) <= 0 then
+        redis.call('HDEL', HELD, instance)
     end
-    -- A window of holders, from a place that moves with the clock: each count looks at a few, and in time at
-    -- every one (the acknowledgement and the sweep give slots back themselves; stale holders are rare).
-    local from = held > SLOT_PRUNE and now_ms() % (held - SLOT_PRUNE + 1) or 0
-    for _, member in ipairs(redis.call('ZRANGEBYLEX', SLOTS, low, high, 'LIMIT', from, SLOT_PRUNE)) do
-        local id = string.sub(member, #instance + 2)
-        if not slots_taken_now[id] and not redis.call('ZSCORE', INFLIGHT, id) then
-            redis.call('ZREM', SLOTS, member)
-            held = held - 1
-        end
+    local total = limit_total(instance)
+    if redis.call('HINCRBY', HELD, total, n) <= 0 then
+        redis.call('HDEL', HELD, total)
     end
-    return held
 end
 
 -- Tell precise releasers to look again now (a gate may go).
@@ -342,20 +377,40 @@ local function wake_releasers(now)
     redis.call('ZREMRANGEBYRANK', WAKE, MOST_MARKERS, -1)
 end
 
+-- A slot of an instance was given back: the gates waiting for one (a few) may look again now. True if any.
+local function wake_waiting(instance)
+    local low, high = lex_range(instance)
+    local woken = false
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', WAITS, low, high, 'LIMIT', 0, WAKE_GATES)) do
+        redis.call('ZREM', WAITS, member)
+        redis.call('ZADD', GATES, 'XX', now_ms(), string.sub(member, #instance + 2))
+        woken = true
+    end
+    return woken
+end
+
+-- A holder gives back the slots it holds (``instances``: its field of HOLDERS). True if a gate was woken.
+local function give_back(id, instances)
+    redis.call('HDEL', HOLDERS, id)
+    local woken = false
+    for instance in string.gmatch(instances, '[^\n]+') do
+        add_held(instance, -1)
+        woken = wake_waiting(instance) or woken
+    end
+    return woken
+end
+
 -- A call leaves flight: it gives back the slots it holds, and the gates waiting for them may look again.
 local function free_slots(id, meta)
     if type(meta.lg) ~= 'string' then
         return
     end
-    local woken = false
-    for _, limit in ipairs(gate_limits(meta.lg)) do
-        local instance = limit.instance
-        if redis.call('ZREM', SLOTS, limit.slot .. id) == 1 then
-            local low, high = lex_range(instance)
-            for _, member in ipairs(redis.call('ZRANGEBYLEX', WAITS, low, high, 'LIMIT', 0, WAKE_GATES)) do
-                redis.call('ZREM', WAITS, member)
-                redis.call('ZADD', GATES, 'XX', now_ms(), string.sub(member, #instance + 2))
-                woken = true
+    local instances = redis.call('HGET', HOLDERS, id)
+    local woken = instances and give_back(id, instances)
+    if any_old_slots() then
+        for _, limit in ipairs(gate_limits(meta.lg)) do
+            if redis.call('ZREM', SLOTS, limit.instance .. NUL .. id) == 1 then
+                woken = wake_waiting(limit.instance) or woken
             end
         end
     end

@@ -49,6 +49,17 @@ local function bulk(command, key, args)
     end
 end
 
+-- The same for a command that reads: each(j, reply) is given each argument's index and its reply.
+local function bulk_read(command, key, args, each)
+    for i = 1, #args, 1000 do
+        local last = math.min(i + 999, #args)
+        local replies = redis.call(command, key, unpack(args, i, last))
+        for j = i, last do
+            each(j, replies[j - i + 1])
+        end
+    end
+end
+
 -- What a releaser needs to know when to look again: when the earliest call left or batch group is due, and
 -- whether a batch group is due now.
 local function looked_again(out, now)
@@ -69,95 +80,154 @@ end
 
 -- Gates: whether a gate's limits let one more call go now (then taken: its paces move on and the call
 -- holds its slots), else when to look again. A gate waiting for a slot is also noted in WAITS, so that the
--- slot given back wakes it. What a step reads of paces and slots it keeps, and writes it once at the end
+-- slot given back wakes it. What a step reads of paces and slots it keeps in each limit instance (arrivals:
+-- each rate's arrival time, false for none; held_field: its field of HELD; held: the slots held, this step's
+-- and those of earlier releases included; taken: the slots this step gave), and writes it once at the end
 -- (write_limits): the step is one instant.
-local paces_seen, paces_moved = {}, {}  -- pace member -> arrival time (false: none); the members moved
-local slots_counted, slots_added = {}, {}  -- limit instance -> slots held, this step's included; members added
-local let_out = {}  -- limit name -> calls it let go this step (counted as 'limit_released:<name>')
+local changed = {}  -- the limit instances this step's admissions changed, once each
+local holds = {TABLE_FIELD, TABLE_VALUE}  -- HOLDERS' fields this step adds: id, the instances whose slots it holds, ...
+local let_out, held_out = {}, {}  -- limit name -> calls it let go this step ('limit_released:<name>'); slots given
 
-local function pace_of(member)
-    local arrival = paces_seen[member]
+local function arrival_of(limit, number)
+    local arrivals = limit.arrivals
+    if not arrivals then
+        arrivals = {}
+        limit.arrivals = arrivals
+    end
+    local arrival = arrivals[number]
     if arrival == nil then
-        arrival = tonumber(redis.call('ZSCORE', PACES, member)) or false
-        paces_seen[member] = arrival
+        arrival = tonumber(redis.call('ZSCORE', PACES, limit.paces[number])) or false
+        arrivals[number] = arrival
     end
     return arrival
 end
 
--- Read the paces of these gates' limits in one call, before their calls are looked at one by one.
-local function read_paces(gates)
-    local members = {}
+-- The slots of an instance held now (read once per step, with those of earlier releases; see old_slots_held).
+local function held_of(limit)
+    local held = limit.held
+    if not held then
+        local field = limit.held_field
+        if not field then
+            field = tonumber(redis.call('HGET', HELD, limit.instance)) or 0
+            limit.held_field = field
+        end
+        held = field + old_slots_held(limit.instance)
+        limit.held = held
+    end
+    return held
+end
+
+-- The instances of a gate whose slots a call it lets out holds (those with a concurrency), one per line.
+local function held_text(gate, limits)
+    local text = limits.held_text
+    if text == nil then
+        local parts = {}
+        for _, limit in ipairs(limits) do
+            if limit.most then
+                parts[#parts + 1] = limit.instance
+            end
+        end
+        text = #parts == #limits and gate or table.concat(parts, '\n')
+        limits.held_text = text
+    end
+    return text
+end
+
+-- Read the paces and the slots held of these gates' limits, each in one call, before their calls are looked at
+-- one by one.
+local function read_limits(gates)
+    local members, paced, numbers, counted, instances = {}, {}, {}, {}, {}
     for _, gate in ipairs(gates) do
         for _, limit in ipairs(gate_limits(gate)) do
-            for _, pace in ipairs(limit.paces) do
-                if paces_seen[pace[1]] == nil then
-                    paces_seen[pace[1]] = false
-                    members[#members + 1] = pace[1]
+            if not limit.arrivals and #limit.paces > 0 then
+                limit.arrivals = {}
+                for number, member in ipairs(limit.paces) do
+                    members[#members + 1] = member
+                    paced[#members], numbers[#members] = limit, number
                 end
+            end
+            if limit.most and not limit.held_field then
+                limit.held_field = 0
+                counted[#counted + 1] = limit
+                instances[#counted] = limit.instance
             end
         end
     end
-    for i = 1, #members, 1000 do
-        local last = math.min(i + 999, #members)
-        local scores = redis.call('ZMSCORE', PACES, unpack(members, i, last))
-        for j = i, last do
-            paces_seen[members[j]] = tonumber(scores[j - i + 1]) or false
-        end
-    end
+    bulk_read('ZMSCORE', PACES, members, function(j, score)
+        paced[j].arrivals[numbers[j]] = tonumber(score) or false
+    end)
+    bulk_read('HMGET', HELD, instances, function(j, field)
+        counted[j].held_field = tonumber(field) or 0
+    end)
 end
 
 local function admit(gate, id, now)
     local limits = gate_limits(gate)
     local again = nil
     for _, limit in ipairs(limits) do
-        for _, pace in ipairs(limit.paces) do
-            local arrival, early = pace_of(pace[1]), pace[2] / 4
+        for number, interval in ipairs(limit.intervals) do
+            local arrival, early = arrival_of(limit, number), interval / 4
             if arrival and arrival - early > now then
                 again = math.max(again or 0, arrival - early)
             end
         end
         local most = limit.most
-        if most then
-            local held = slots_counted[limit.instance]
-            if held == nil then
-                held = slots_taken(limit.instance, most)
-                slots_counted[limit.instance] = held
-            end
-            if held >= most then
-                redis.call('ZADD', WAITS, 0, limit.slot .. gate)
-                again = math.max(again or 0, now + LIMIT_RECHECK)
-            end
+        if most and held_of(limit) >= most then
+            redis.call('ZADD', WAITS, 0, limit.instance .. NUL .. gate)
+            again = math.max(again or 0, now + LIMIT_RECHECK)
         end
     end
     if again then
         return false, math.ceil(again)
     end
     for _, limit in ipairs(limits) do
-        let_out[limit.name] = (let_out[limit.name] or 0) + 1
-        for _, pace in ipairs(limit.paces) do
-            local member = pace[1]
-            paces_seen[member] = math.max(pace_of(member) or now, now) + pace[2]
-            paces_moved[member] = true
+        local name = limit.name
+        let_out[name] = (let_out[name] or 0) + 1
+        local arrivals = limit.arrivals
+        for number, interval in ipairs(limit.intervals) do
+            arrivals[number] = math.max(arrivals[number] or now, now) + interval
         end
         if limit.most then
-            slots_counted[limit.instance] = slots_counted[limit.instance] + 1
-            slots_added[#slots_added + 1] = 0
-            slots_added[#slots_added + 1] = limit.slot .. id
-            slots_taken_now[id] = true
+            limit.held = limit.held + 1
+            limit.taken = limit.taken + 1
+            held_out[name] = (held_out[name] or 0) + 1
         end
+        if not limit.changed and (arrivals or limit.most) then
+            limit.changed = true
+            changed[#changed + 1] = limit
+        end
+    end
+    local text = held_text(gate, limits)
+    if text ~= '' then
+        holds[#holds + 1] = id
+        holds[#holds + 1] = text
     end
     return true
 end
 
 -- Write what the step's admissions changed.
 local function write_limits()
-    local moved = {}
-    for member in pairs(paces_moved) do
-        moved[#moved + 1] = paces_seen[member]
-        moved[#moved + 1] = member
+    local moved, held = {}, {TABLE_FIELD, TABLE_VALUE}
+    for _, limit in ipairs(changed) do
+        for number, member in ipairs(limit.paces) do
+            moved[#moved + 1] = limit.arrivals[number]
+            moved[#moved + 1] = member
+        end
+        if limit.taken > 0 then
+            held[#held + 1] = limit.instance
+            held[#held + 1] = limit.held_field + limit.taken
+        end
     end
     bulk('ZADD', PACES, moved)
-    bulk('ZADD', SLOTS, slots_added)
+    if #held > 2 then
+        bulk('HSET', HELD, held)
+    end
+    if #holds > 2 then
+        bulk('HSET', HOLDERS, holds)
+    end
+    for name, n in pairs(held_out) do
+        redis.call('HINCRBY', HELD, NUL .. name, n)
+    end
     for name, n in pairs(let_out) do
         redis.call('HINCRBY', COUNTERS, 'limit_released:' .. name, n)
     end
@@ -196,7 +266,7 @@ end
 local function close_gate(gate)
     redis.call('ZREM', GATES, gate)
     for _, limit in ipairs(gate_limits(gate)) do
-        redis.call('ZREM', WAITS, limit.slot .. gate)
+        redis.call('ZREM', WAITS, limit.instance .. NUL .. gate)
     end
 end
 
@@ -236,18 +306,20 @@ for i = 1, #ids do
         end
     end
 end
-read_paces(step_gates)
+read_limits(step_gates)
 -- Whether each gate has calls waiting (none has when no gate is open: no need to ask).
 local busy, any_gate = {}, redis.call('EXISTS', GATES) == 1
 for i, id in ipairs(ids) do
     local raw = raw_metas[i]
     local gate = gate_of[i]
     if gate then
-        if busy[gate] == nil then
-            busy[gate] = any_gate and redis.call('ZSCORE', GATES, gate) ~= false
+        local waiting = busy[gate]
+        if waiting == nil and any_gate then
+            waiting = redis.call('ZSCORE', GATES, gate) ~= false
+            busy[gate] = waiting
         end
         local admitted, again = false, nil
-        if not busy[gate] then
+        if not waiting then
             admitted, again = admit(gate, id, now)
         end
         if not admitted then

@@ -167,6 +167,40 @@ if UNACKED and lease and default_queue_ms and next(queue_lists) then
     end
 end
 
+-- Concurrency slots: holders no longer in flight give their slots back, HOLDER_CHECKS looked at per sweep, onwards
+-- from where the last sweep stopped ('holders_seen' in the history hash: an HSCAN cursor, which visits every
+-- holder that stays in the hash). Slot holders of earlier releases (SLOTS) move into HELD and HOLDERS, OLD_SLOT_MOVES
+-- per sweep: a holder still in flight keeps its slot, the others are dropped.
+local HOLDER_CHECKS, OLD_SLOT_MOVES = 200, 200
+local woken = false
+local cursor = redis.call('HGET', HISTORY, 'holders_seen') or '0'
+local scanned = redis.call('HSCAN', HOLDERS, cursor, 'COUNT', HOLDER_CHECKS)
+for i = 1, #scanned[2], 2 do
+    local id = scanned[2][i]
+    if id ~= TABLE_FIELD and not redis.call('ZSCORE', INFLIGHT, id) then
+        woken = give_back(id, scanned[2][i + 1]) or woken
+    end
+end
+redis.call('HSET', HISTORY, 'holders_seen', scanned[1])
+if any_old_slots() then
+    for _, member in ipairs(redis.call('ZRANGE', SLOTS, 0, OLD_SLOT_MOVES - 1)) do
+        redis.call('ZREM', SLOTS, member)
+        local instance, id = string.match(member, '^([^%z]*)%z(.+)$')
+        if id and redis.call('ZSCORE', INFLIGHT, id) then
+            local holds = redis.call('HGET', HOLDERS, id)
+            if not holds or not string.find('\n' .. holds .. '\n', '\n' .. instance .. '\n', 1, true) then
+                redis.call('HSET', HOLDERS, id, holds and holds .. '\n' .. instance or instance)
+                add_held(instance, 1)
+            end
+        else
+            woken = (instance and wake_waiting(instance)) or woken
+        end
+    end
+end
+if woken then
+    wake_releasers(now)
+end
+
 if requeued > 0 then
     count('swept', requeued)
 end

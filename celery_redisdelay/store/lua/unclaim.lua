@@ -1,4 +1,5 @@
--- unclaim.lua: publishing failed; give claimed calls back, due at once, without counting a delivery.
+-- unclaim.lua: publishing failed; give claimed calls back, due at once, without counting a delivery (and the
+-- concurrency slots they took).
 -- ARGV: ids
 -- Returns: how many calls went back.
 local now = now_ms()
@@ -8,6 +9,7 @@ for _, id in ipairs(ARGV) do
     if meta.s == 'claimed' and redis.call('ZREM', INFLIGHT, id) == 1 then
         meta.s = 'delayed'
         meta.d = math.max((tonumber(meta.d) or 1) - 1, 0)
+        free_slots(id, meta)
         save_meta(id, meta)
         redis.call('ZADD', DELAYED, now, id)
         if type(meta.k) == 'string' then
