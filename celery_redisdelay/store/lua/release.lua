@@ -22,16 +22,17 @@ end
 
 -- Where a first delivery goes, from its metadata as the park wrote it (the limits, the list, then
 -- ',"d":0,"s":"delayed"}', no unique key): {list, queue timeout}, or false for the general case. Calls
--- of one task share their metadata text (and Lua shares equal strings), so each text is read once.
+-- of one task share their metadata text (and Lua shares equal strings), so each text is read once. ``fresh``:
+-- the text is a gated call's metadata up to its gate (see gate_in), whose end was checked there.
 local FRESH = ',"d":0,"s":"delayed"}'
 local FIRST_TAG_END = '.1"}}'
 local default_queue_ms = tonumber(ARGV[3])
 local routes = {}
-local function route_of(raw)
+local function route_of(raw, fresh)
     local route = routes[raw]
     if route == nil then
         route = false
-        if string.sub(raw, -#FRESH) == FRESH and not string.find(raw, ',"k":', 1, true) then
+        if (fresh or string.sub(raw, -#FRESH) == FRESH) and not string.find(raw, ',"k":', 1, true) then
             local key = string.match(raw, ',"l":"([^"\\]*)",')
             if key and lists[key] then
                 route = {key, tonumber(string.match(raw, ',"q":(%d+),')) or default_queue_ms}
@@ -239,20 +240,21 @@ end
 local GATE_FIELD, GATE_END = ',"lg":"', '",' .. string.sub(FRESH, 2)
 local UNESCAPE = {t = '\t', n = '\n'}
 local gates_in_raw = {}
--- The metadata of a gated call as it would be without its gate, when read without decoding: its route is the
--- same, and calls of one task share that text (route_of reads it once).
+-- The metadata of a gated call up to its gate, when read without decoding (the comma before the gate included):
+-- its route is that of the same metadata without the gate, and calls of one task share that text (route_of reads
+-- it once).
 local ungated = {}
 local function gate_in(raw)
     local gate = gates_in_raw[raw]
     if gate == nil then
         local from = string.find(raw, GATE_FIELD, 1, true)
-        local text = from and string.sub(raw, -#GATE_END) == GATE_END
+        local text = from and string.find(raw, GATE_END, -#GATE_END, true)
             and string.sub(raw, from + #GATE_FIELD, -#GATE_END - 1)
         -- One pass for the tabs and newlines; any other escape (a backslash left) is for cjson.
         local plain = text and not string.find(text, '"', 1, true) and string.gsub(text, '\\([tn])', UNESCAPE)
         if plain and not string.find(plain, '\\', 1, true) then
             gate = plain
-            ungated[raw] = string.sub(raw, 1, from - 1) .. FRESH
+            ungated[raw] = string.sub(raw, 1, from)
         else
             local ok, decoded = pcall(cjson.decode, raw)
             gate = ok and type(decoded) == 'table' and type(decoded.lg) == 'string' and decoded.lg or false
@@ -408,7 +410,8 @@ end
 
 for i, id in ipairs(ids) do
     local payload, raw = payloads[i], raw_metas[i]
-    local route = payload and raw and not skipped[i] and route_of(ungated[raw] or raw)
+    local before_gate = ungated[raw]
+    local route = payload and raw and not skipped[i] and route_of(before_gate or raw, before_gate ~= nil)
     -- A broker message of this very call: it starts as kombu's do and ends with its own first tag, the
     -- id whole between the tag's opening quote (byte 34) and '.1"}}' (as message_for checks, without
     -- building the string).
