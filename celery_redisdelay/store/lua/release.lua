@@ -274,8 +274,10 @@ end
 
 local now = now_ms()
 redis.call('HSET', HISTORY, 'released_at', string.format('%d', now))  -- a releaser ran (an alert watches it)
--- Paces in the past hold nothing back: a few are forgotten each step.
-local stale_paces = redis.call('ZRANGEBYSCORE', PACES, '-inf', now, 'LIMIT', 0, 100)
+-- Paces in the past hold nothing back: a few are forgotten each step, once they are PACE_KEPT old, so that the
+-- pace of a key in use is moved on where it is rather than dropped and written again.
+local PACE_KEPT = 60000
+local stale_paces = redis.call('ZRANGEBYSCORE', PACES, '-inf', now - PACE_KEPT, 'LIMIT', 0, 100)
 if #stale_paces > 0 then
     redis.call('ZREM', PACES, unpack(stale_paces))
 end
