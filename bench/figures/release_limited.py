@@ -1,7 +1,7 @@
 """Releasing a backlog of due calls under limits: calls of a task limited per key over 1,000 keys, against the same
 number of calls of the same task without limits, all released by ``rd.tick()`` in the bench process. Two limited
-tasks: one with a rate per key, one with a rate and a concurrency per key (a concurrency costs a count of the
-key's calls in flight and a slot per call).
+tasks: one with a rate per key, one with a rate and a concurrency per key (a concurrency costs a read and a write of
+the key's count of held slots, and a record of the slots each call holds).
 
 The limits are wide (100,000/s and 1,000 in flight per key), so that they let every call go: the figure measures
 what checking them costs the release, not how long the limits hold calls back. Nobody consumes the queue."""
