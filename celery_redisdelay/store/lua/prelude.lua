@@ -29,7 +29,7 @@
 --   KEYS[10] history  hash  the same totals per minute, '<minute>:<name>' -> count (minute: ms // 60000),
 --       for the last HISTORY_MINUTES minutes; 'pruned' the last minute forgotten (see prune_history),
 --       'unacked_seen' how far the sweep has read kombu's unacked index, 'queued_seen' how far it has read the
---       calls pushed onto the broker's lists (see sweep.lua),
+--       calls pushed onto the broker's lists, 'holders_seen' where it has read the holders of slots (see sweep.lua),
 --       'released_at' when a releaser last ran (ms)
 -- The limits of calls (see "Limits" below and docs/limits.rst):
 --   KEYS[11] limits  hash  'code:<limit>' -> the limit as the code declares it (written by each park of a call

@@ -181,7 +181,9 @@ for i = 1, #scanned[2], 2 do
         woken = give_back(id, scanned[2][i + 1]) or woken
     end
 end
-redis.call('HSET', HISTORY, 'holders_seen', scanned[1])
+if scanned[1] ~= cursor then
+    redis.call('HSET', HISTORY, 'holders_seen', scanned[1])
+end
 if any_old_slots() then
     for _, member in ipairs(redis.call('ZRANGE', SLOTS, 0, OLD_SLOT_MOVES - 1)) do
         redis.call('ZREM', SLOTS, member)
