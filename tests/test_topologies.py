@@ -195,7 +195,9 @@ def test_three_sentinels_fail_over_a_killed_master_and_take_it_back_as_a_replica
         assert rejoined.role()[0] == b"slave"
         assert promoted_node.get("acknowledged") == b"yes"
         promoted_node.set("after", "yes")
-        assert promoted_node.wait(1, 1000) == 1
+        # The link is up, but a replica acknowledges what it has applied only when asked or once a second: on a
+        # busy machine one WAIT of a second can end first. Each WAIT asks again.
+        wait_for(lambda: promoted_node.wait(1, 1000) == 1, 30, "the rejoined replica to acknowledge the write")
         assert rejoined.get("after") == b"yes"
 
 
