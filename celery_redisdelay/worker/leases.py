@@ -32,6 +32,7 @@ from celery.worker import state
 
 from ..errors import RedisDelayError
 from ..store.calls import LARGEST_STEP
+from .running import running_requests
 from .unacked import store_delivery
 
 if TYPE_CHECKING:
@@ -194,17 +195,8 @@ class Leases:
         self._wake.set()
 
 
-def running_requests() -> list[Any]:
-    """The requests this worker is running (Celery's worker state, which the consumer changes meanwhile)."""
-    for _ in range(10):
-        try:
-            return list(state.active_requests)
-        except RuntimeError:  # the set changed while it was read
-            continue
-    return []
-
-
 def running_ids() -> set[str]:
+    """The ids of the requests this worker is running."""
     return {request.id for request in running_requests()}
 
 

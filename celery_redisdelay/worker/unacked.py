@@ -29,6 +29,7 @@ from kombu.transport import virtual
 
 from ..errors import RedisDelayError
 from ..store.calls import LARGEST_STEP
+from .running import running_requests
 
 if TYPE_CHECKING:
     from ..store.depot import Depot
@@ -87,8 +88,6 @@ def install(channel: Any, depot: Depot) -> bool:
         # The channel closes (the worker stops, or lost its connection): kombu puts back the messages it holds
         # unacknowledged, and the store the calls of its own deliveries among them, but for those still running
         # (an acks_late run that its lease keeps).
-        from .leases import running_requests  # leases.py imports this module
-
         running = {request.id for request in running_requests()}
         mine = [tag for tag in list(qos._delivered) if tag in own]
         back = [tag for tag in mine if tag.rpartition(".")[0] not in running]
