@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
+import warnings
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar, overload
 
 from celery import Celery, signals
@@ -46,6 +48,49 @@ _EXTENSIONS: weakref.WeakKeyDictionary[Celery, RedisDelay] = weakref.WeakKeyDict
 
 # Decorator options that are ours; everything else goes to ``app.task``.
 _OPTION_ATTRIBUTES = {"countdown": "default_countdown", "timeout": "visibility_timeout"}
+#: The arguments of ``rd.batched`` that are attributes of a batched task.
+_BATCH_ARGUMENTS = {"size": "batch_size", "max_wait": "batch_max_wait"}
+#: Options of ``app.task`` besides the attributes of the task class: its own, and those Celery's autoretry reads.
+_CELERY_OPTIONS = frozenset(
+    {"base", "shared", "lazy", "filter", "pydantic", "pydantic_strict", "pydantic_context", "pydantic_dump_kwargs",
+     "autoretry_for", "dont_autoretry_for", "retry_kwargs", "retry_backoff", "retry_backoff_max", "retry_jitter"}
+)  # fmt: skip
+#: How alike (difflib's ratio) an option neither Celery nor we know must be to one of ours to be taken for a
+#: misspelling of it: ``limit_rat`` and ``limit_rate`` are 0.95 alike; ``count`` and ``countdown`` 0.71.
+_MISSPELT = 0.8
+
+
+def own_options(base: type[CallRules]) -> set[str]:
+    """The decorators' own options for tasks of ``base``: the attributes of the rules their calls are parked by
+    (:class:`~celery_redisdelay.producer.rules.CallRules` and its subclasses: ``lock``, ``limit_rate``,
+    ``batch_size``...), the names the decorators give some of them (``countdown``, ``size``), the routing ones."""
+    attributes = {
+        name
+        for kind in base.__mro__
+        if issubclass(kind, CallRules)
+        for name, value in vars(kind).items()
+        if not name.startswith("_") and not callable(value) and not hasattr(value, "__get__")
+    }
+    renamed = {**_OPTION_ATTRIBUTES, **_BATCH_ARGUMENTS}
+    aliases = {alias for alias, attribute in renamed.items() if attribute in attributes}
+    return attributes | aliases | set(ROUTING_OPTIONS)
+
+
+def warn_of_misspelt_options(task: str, options: Iterable[str], base: type[CallRules]) -> None:
+    """Warn of a task option close to one of ours that neither celery-redisdelay nor Celery knows (``limit_rat``):
+    Celery keeps it as an attribute of the task, where it does nothing. Called by the decorator, which the
+    warning points at; Celery's options and attributes (``rate_limit``...) and the task's own ones pass."""
+    own = sorted(own_options(base))
+    known = set(own) | set(dir(base)) | _CELERY_OPTIONS
+    for option in options:
+        close = [] if option in known else difflib.get_close_matches(option, own, n=1, cutoff=_MISSPELT)
+        if close:
+            warnings.warn(
+                f"option {option} of task {task} is not one of celery-redisdelay's: did you mean {close[0]}? Celery "
+                "keeps it as an attribute of the task, where it does nothing; rename it",
+                UserWarning,
+                stacklevel=3,
+            )
 
 
 def check_task_id(task_id: object, argument: str = "task_id") -> None:
@@ -65,6 +110,12 @@ class RedisDelay:
     def __init__(self, app: Celery) -> None:
         if app in _EXTENSIONS:
             raise RedisDelayError(f"RedisDelay is already bound to app {app.main!r}; use RedisDelay.of(app)")
+        # A misspelt redisdelay_* setting, before anything is bound: those set so far where the app's configuration
+        # is still to be loaded (the rest are checked when the settings are read, see Settings.from_conf).
+        if app.configured:
+            settings_module.check_names(app.conf)
+        else:
+            settings_module.check_names(getattr(app, "_preconf", {}), app.namespace)
         _EXTENSIONS[app] = self
         self.app: Any = app
         #: What the layers below take: the settings, the store and the stored form of this app's calls.
@@ -275,9 +326,9 @@ class RedisDelay:
                 check_batch_options(function, task_options)
             # The name Celery will give it (``_task_from_fun``), known now so that send_task can tell a
             # call to it without binding every pending task of the app.
-            self._task_names.add(
-                task_options.get("name") or self.app.gen_task_name(function.__name__, function.__module__)
-            )
+            name = task_options.get("name") or self.app.gen_task_name(function.__name__, function.__module__)
+            warn_of_misspelt_options(name, task_options, task_options["base"])
+            self._task_names.add(name)
             return self.app.task(**task_options)(function)
 
         return decorate

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +41,80 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_lease": 30.0,
     "redisdelay_lease_renewal": 10.0,
     "redisdelay_skip_unacked": None,
+    "redisdelay_track_due_now": False,
     "redisdelay_quotas": None,  # checked by store/limits.py when a call names a quota
     "redisdelay_task_limits": None,  # checked by producer/adoption.py at a plain task's first call
 }
+#: The start of every setting's name (after Celery's namespace, where the app has one: ``CELERY_REDISDELAY_URL``).
+PREFIX = "redisdelay_"
+
+
+def check_names(conf: Iterable[Any], namespace: str | None = None) -> None:
+    """Refuse a setting named as ours (``redisdelay_*``) that celery-redisdelay does not read, naming the closest
+    one it reads: Celery keeps whatever it is given, and a misspelt setting would be ignored without a word.
+
+    ``conf``: the settings (``app.conf``, or the names set before it is loaded); ``namespace``: the app's (by
+    default ``app.conf``'s own), from ``app.config_from_object(..., namespace="CELERY")``, under which Celery reads
+    ``CELERY_REDISDELAY_URL`` for ``redisdelay_url`` (and still ``redisdelay_url`` itself). Upper-case names
+    outside it (``REDISDELAY_URL``) are refused too: Celery reads upper-case names without a namespace for its own
+    settings only, never for ours."""
+    keys = list(conf)  # first: listing app.conf loads it, and Celery gives it the app's namespace then
+    namespace = namespace or getattr(conf, "prefix", None)
+    prefix = namespace.rstrip("_") + "_" if namespace else ""
+    for key in keys:
+        name = _setting_named(key, prefix)
+        if name is not None and key not in _spellings(name, prefix):
+            raise ConfigurationError(_unread(key, name, prefix))
+
+
+def _setting_named(key: Any, prefix: str) -> str | None:
+    """The setting a key names, lower-case and without a namespace (the app's, or the usual ``CELERY_``); None for
+    a key that is not named as one of ours."""
+    if not isinstance(key, str):
+        return None
+    name = key.lower()
+    for namespace in (prefix.lower(), "celery_"):
+        if namespace and name.startswith(namespace + PREFIX):
+            name = name[len(namespace) :]
+            break
+    return name if name.startswith(PREFIX) else None
+
+
+def _spellings(name: str, prefix: str) -> tuple[str, ...]:
+    """The keys Celery reads a setting under: its name, and under a namespace the namespaced name in the namespace's
+    case (Celery's ``ConfigurationView``); none for a name that is not one of ours."""
+    if name not in DEFAULTS:
+        return ()
+    if not prefix:
+        return (name,)
+    namespaced = prefix + name
+    return name, namespaced.upper() if prefix.isupper() else namespaced.lower()
+
+
+def _spelt_like(key: str, name: str, prefix: str) -> str:
+    """The setting ``name`` spelt as ``key`` would be read: namespaced where the key is, or is upper-case."""
+    if prefix and (key.lower().startswith(prefix.lower()) or not key.islower()):
+        return _spellings(name, prefix)[-1]
+    return name
+
+
+def _unread(key: str, name: str, prefix: str) -> str:
+    """Why celery-redisdelay refuses ``key``, and what to write instead."""
+    if name in DEFAULTS:  # one of ours, where Celery does not look for it
+        return (
+            f"{key} is not read: this app reads that setting as {_spelt_like(key, name, prefix)} (Celery reads "
+            "celery-redisdelay's settings in upper case only under a namespace: CELERY_REDISDELAY_... after "
+            "app.config_from_object(..., namespace='CELERY')); rename it (nothing was stored)"
+        )
+    # Compared without the prefix they share, which would make every name look close to every other.
+    names = [known.removeprefix(PREFIX) for known in DEFAULTS]
+    close = difflib.get_close_matches(name.removeprefix(PREFIX), names, n=1)
+    if close:
+        hint = f"did you mean {_spelt_like(key, PREFIX + close[0], prefix)}? Rename it"
+    else:
+        every = ", ".join(_spelt_like(key, known, prefix) for known in DEFAULTS)
+        hint = f"rename it to one of its settings ({every}), or remove it"
+    return f"{key} is not a setting of celery-redisdelay, which would ignore it: {hint} (nothing was stored)"
 
 
 def positive_setting(conf: Mapping[str, Any], name: str, *, integer: bool = False) -> Any:
@@ -94,10 +166,15 @@ class Settings:
     #: None (the default): where the broker is the store's Redis through kombu's Redis transport; True insists
     #: (a warning where it cannot); False keeps kombu's bookkeeping.
     skip_unacked: bool | None = None
+    #: With ``all_tasks``, a call due now of the app's plain tasks goes through the store too: written in flight and
+    #: pushed onto the broker's queue in one script (``send.lua``), then held under a lease like a released call.
+    track_due_now: bool = False
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
-        """Read and check the settings; raise :class:`ConfigurationError` naming the bad one."""
+        """Read and check the settings; raise :class:`ConfigurationError` naming the bad one (an unknown
+        ``redisdelay_*`` one too, see :func:`check_names`)."""
+        check_names(conf)
         url = conf.get("redisdelay_url")
         if url:
             broker_options: dict[str, Any] = {}
@@ -176,6 +253,7 @@ class Settings:
             lease=lease,
             lease_renewal=lease_renewal,
             skip_unacked=_optional_bool(conf, "redisdelay_skip_unacked"),
+            track_due_now=bool(_optional_bool(conf, "redisdelay_track_due_now")),
         )
 
 

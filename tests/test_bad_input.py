@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -234,6 +235,39 @@ def test_odd_characters_in_keys_and_lock_names(rd: RedisDelay, odd: str) -> None
         echo.apply_async((5,), countdown=60, unique_key=ODD[-1])  # the empty string is refused
     with pytest.raises(ScheduleError):
         group.add(timedelta(1), 1)  # type: ignore[arg-type]  # a key must be a string
+
+
+def test_a_misspelt_option_of_the_decorators_warns_naming_ours(rd: RedisDelay) -> None:
+    with pytest.warns(UserWarning, match=r"limit_rat of task tests\.bad\.rat .* did you mean limit_rate\?") as caught:
+
+        @rd.delayed(name="tests.bad.rat", limit_rat="10/s")
+        def rat() -> None: ...
+
+    assert [warning.filename for warning in caught] == [__file__], "the warning points at the decorated task"
+    assert rat.limit_rate is None, "Celery kept it as an attribute of the task, where it does nothing"
+    with pytest.warns(UserWarning, match=r"max_wiat .* did you mean max_wait\?"):
+
+        @rd.batched(name="tests.bad.wiat", max_wiat=30)
+        def wiat(key: str, items: list[Any]) -> None: ...
+
+
+def test_celerys_task_options_and_attributes_of_ones_own_pass_silently(rd: RedisDelay) -> None:
+    celery: dict[str, Any] = {
+        "bind": True, "queue": "q", "acks_late": True, "max_retries": 3, "autoretry_for": (ValueError,),
+        "retry_backoff": True, "retry_backoff_max": 60, "retry_jitter": False, "retry_kwargs": {"max_retries": 2},
+        "dont_autoretry_for": (KeyError,), "rate_limit": "10/s", "time_limit": 60, "soft_time_limit": 50,
+        "default_retry_delay": 5, "ignore_result": True, "track_started": True, "acks_on_failure_or_timeout": True,
+        "reject_on_worker_lost": True, "expires": 60, "priority": 3, "serializer": "json", "typing": False,
+        "store_errors_even_if_ignored": True, "throws": (KeyError,), "send_events": False,
+    }  # fmt: skip
+    own: dict[str, Any] = {"owner": "team-a", "audit_category": "orders", "retries_alert": 5}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+
+        @rd.delayed(name="tests.bad.celerys", countdown=5, limit_rate="5/s", **celery, **own)
+        def celerys(self: Any) -> None: ...
+
+    assert (celerys.max_retries, celerys.rate_limit, celerys.owner) == (3, "10/s", "team-a")
 
 
 def test_workers_and_beat_log_the_evicting_policy_when_they_start(

@@ -53,6 +53,8 @@ SETTINGS = {
     "all_tasks", "park_received", "park_received_after",
     # added since: leases held by the worker
     "lease", "lease_renewal", "skip_unacked",
+    # added since: every call tracked
+    "track_due_now",
 }  # fmt: skip
 COMMANDS = {
     "cancel", "exporter", "list", "purge", "releaser", "requeue", "reschedule", "run-now", "show", "status",

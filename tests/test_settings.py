@@ -14,7 +14,7 @@ from celery import Celery
 from redis.crc import key_slot
 
 from celery_redisdelay import ConfigurationError, RedisDelay, RedisDelayError
-from celery_redisdelay.settings import DEFAULTS, Settings
+from celery_redisdelay.settings import DEFAULTS, Settings, check_names
 from celery_redisdelay.store.keys import Keyspace
 from celery_redisdelay.testing import RedisServer
 
@@ -178,6 +178,7 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_lease",
         "redisdelay_lease_renewal",
         "redisdelay_skip_unacked",
+        "redisdelay_track_due_now",
         "redisdelay_quotas",
         "redisdelay_task_limits",
     }
@@ -287,6 +288,110 @@ def test_a_bad_tick_interval_never_reaches_beat_schedule(make_app: MakeApp, inte
     app, _ = make_app(redisdelay_tick_interval=interval)
     tick = app.conf.beat_schedule.get("redisdelay.tick")
     assert tick is None, f"beat would run the tick every {tick['schedule']!r} s"
+
+
+# -- unknown settings ---------------------------------------------------------------------------
+
+
+def test_a_misspelt_setting_is_refused_at_the_extension_naming_the_closest(make_app: MakeApp) -> None:
+    with pytest.raises(ConfigurationError, match=r"redisdelay_all_task is not a setting .* redisdelay_all_tasks\?"):
+        make_app(redisdelay_all_task=True)  # set before the app is configured
+
+
+def test_a_misspelt_setting_of_a_configured_app_is_refused(redis_server: RedisServer) -> None:
+    app = Celery("settings-misspelt", broker=f"{redis_server.url}/0", set_as_current=False)
+    try:
+        app.conf.redisdelay_lese = 60.0
+        assert app.conf.broker_url  # configured now
+        with pytest.raises(ConfigurationError, match=r"redisdelay_lese .* redisdelay_lease\?.*nothing was stored"):
+            RedisDelay(app)
+        del app.conf["redisdelay_lese"]
+        app.conf.redisdelay_lease = 60.0
+        assert RedisDelay(app).settings.lease == 60.0, "a refused app is not bound: fixed, it binds"
+    finally:
+        app.close()
+
+
+def test_a_setting_close_to_none_of_ours_lists_them() -> None:
+    with pytest.raises(ConfigurationError, match="redisdelay_xyzzy is not a setting") as raised:
+        Settings.from_conf({"broker_url": BROKER, "redisdelay_xyzzy": "blue"})
+    assert all(name in str(raised.value) for name in DEFAULTS)
+
+
+def test_only_our_namespace_is_checked() -> None:
+    conf: dict[Any, Any] = {
+        "broker_url": BROKER,
+        "result_expire": 10,
+        "my_redisdelay_flag": True,
+        "redisdelayed": 1,
+        5: "five",
+    }
+    assert Settings.from_conf({**conf, **dict.fromkeys(DEFAULTS)}).url == BROKER
+
+
+def test_a_misspelt_setting_under_celerys_namespace_names_its_namespaced_spelling(redis_server: RedisServer) -> None:
+    class DjangoSettings:
+        CELERY_BROKER_URL = f"{redis_server.url}/0"
+        CELERY_REDISDELAY_KEY_PREFIX = f"dj-{uuid.uuid4().hex[:8]}"
+        CELERY_REDISDELAY_ALL_TASK = True
+        DEBUG = True
+
+    refused = r"CELERY_REDISDELAY_ALL_TASK is not a setting .* CELERY_REDISDELAY_ALL_TASKS\?"
+    app = Celery("settings-django-misspelt", set_as_current=False)
+    try:
+        app.config_from_object(DjangoSettings, namespace="CELERY")
+        rd = RedisDelay(app)  # the configuration is loaded later, when first read
+        with pytest.raises(ConfigurationError, match=refused):
+            _ = rd.settings  # the first park, the worker's or beat's start
+    finally:
+        app.close()
+    app = Celery("settings-django-misspelt-loaded", set_as_current=False)
+    try:
+        app.config_from_object(DjangoSettings, namespace="CELERY")
+        assert app.conf.broker_url
+        with pytest.raises(ConfigurationError, match=refused):
+            RedisDelay(app)
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize(
+    ("namespace", "key", "read_as"),
+    [
+        (None, "REDISDELAY_ALL_TASKS", "redisdelay_all_tasks"),
+        (None, "CELERY_REDISDELAY_ALL_TASKS", "redisdelay_all_tasks"),
+        ("CELERY", "REDISDELAY_ALL_TASKS", "CELERY_REDISDELAY_ALL_TASKS"),
+        ("CELERY", "celery_redisdelay_all_tasks", "CELERY_REDISDELAY_ALL_TASKS"),
+    ],
+)
+def test_a_spelling_celery_does_not_read_is_refused(namespace: str | None, key: str, read_as: str) -> None:
+    """Celery reads upper-case names only for its own settings, or under a namespace; ours, as it reads them."""
+    source = type("Source", (), {"BROKER_URL" if namespace is None else "CELERY_BROKER_URL": BROKER, key: True})
+    app = Celery("settings-case", set_as_current=False)
+    try:
+        app.config_from_object(source, namespace=namespace)
+        assert app.conf.get("redisdelay_all_tasks") is None, "Celery does not read it"
+        with pytest.raises(ConfigurationError, match=rf"{key} is not read\b.* {read_as}\b"):
+            RedisDelay(app)
+    finally:
+        app.close()
+
+
+@pytest.mark.parametrize("namespace", [None, "CELERY", "celery"])
+def test_every_setting_is_known_in_each_spelling_celery_reads(namespace: str | None) -> None:
+    """The known settings are DEFAULTS' keys: under a namespace, Celery reads ``CELERY_REDISDELAY_URL`` and
+    ``redisdelay_url`` alike."""
+    keys = list(DEFAULTS)
+    if namespace:
+        spelt = [f"{namespace}_{name}" for name in DEFAULTS]
+        keys += [key.upper() for key in spelt] if namespace.isupper() else spelt
+    source = type("Source", (), dict.fromkeys(keys))
+    app = Celery("settings-every", broker=BROKER, set_as_current=False)
+    try:
+        app.config_from_object(source, namespace=namespace)
+        check_names(app.conf)
+    finally:
+        app.close()
 
 
 # -- key names ----------------------------------------------------------------------------------
