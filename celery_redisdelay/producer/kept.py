@@ -33,6 +33,9 @@ KEPT_OPTIONS = frozenset(
         "delivery_mode",
     }
 )
+#: Options a template does not carry that Celery's ``Task.apply_async`` hands ``send_task`` as None when the call
+#: does not give them (as a call by name leaves them out): None is Celery's default for each.
+DEFAULTED_OPTIONS = frozenset({"compression", "immediate", "mandatory", "expires", "link", "link_error"})
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -66,6 +69,8 @@ def template_key(task: Any, via: str, options: dict[str, Any], limits: Limits, e
     fixed = []
     for name, value in options.items():
         if name not in KEPT_OPTIONS:
+            if value is None and name in DEFAULTED_OPTIONS:
+                continue  # Celery's Task.apply_async passes them to send_task, None: as if not given
             return None
         if name == "headers":
             try:
