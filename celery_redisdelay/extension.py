@@ -19,7 +19,7 @@ from .operations import checks
 from .operations.listing import Scanner
 from .operations.validation import register_validation_tasks
 from .producer import batch
-from .producer.adoption import CELERY_PREFIXES, AdoptedRules, adoptable, parks_later
+from .producer.adoption import CELERY_PREFIXES, TRACK_OPTION, AdoptedRules, adoptable, parks_later
 from .producer.batch import check_batch_options
 from .producer.kept import TemplateCache
 from .producer.locks import Lock
@@ -125,6 +125,7 @@ class RedisDelay:
         self._task_names: set[str] = set()  # the names of this extension's tasks
         self._adopted: dict[str, AdoptedRules] = {}  # rules of the plain tasks redisdelay_all_tasks parks
         self._limited_names: dict[str, bool] = {}  # plain tasks under limits, whose every call is parked
+        self._tracked_names: dict[str, bool] = {}  # plain tasks whose calls due now are tracked
         settings_module.check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
         # Calls by name (app.send_task) to a delayed task of this app are parked too; Celery's own
         # send_task stays here for publishing at once (a released batch).
@@ -342,6 +343,7 @@ class RedisDelay:
         future (``apply_async``, signatures and retries all come here); any other call is Celery's own."""
         if isinstance(kwargs.get("producer"), ParkingProducer):
             return self.celery_send_task(name, *args, **kwargs)  # our own park going through Celery
+        track = kwargs.pop(TRACK_OPTION, None)  # a call's own opt-out: apply_async(..., redisdelay_track=False)
         # A task made with the extension's decorators, or of its task class otherwise (``app.Task = rd.Task``), but
         # not Celery's own tasks nor the extension's tick: beat sends the tick by name, and a parked tick would
         # wait for a release that only it makes.
@@ -351,7 +353,18 @@ class RedisDelay:
             and isinstance(self.app.tasks.get(name), DelayedTask)
         )
         waits = len(args) > 2 or kwargs.get("countdown") is not None or kwargs.get("eta") is not None
-        if not explicit and not (self.app.conf.get("redisdelay_all_tasks") and (waits or self._limited(name))):
+        # Due now: no countdown nor eta, or a countdown of 0 (``self.retry(countdown=0)``).
+        due_now = not waits or (len(args) <= 2 and kwargs.get("eta") is None and kwargs.get("countdown") == 0)
+        all_tasks = self.app.conf.get("redisdelay_all_tasks")
+        # Protocol 1 (set after the extension was made) cannot be stored: a call due now is Celery's then.
+        tracked = bool(
+            due_now
+            and track is not False
+            and all_tasks
+            and self._tracked(name)
+            and (self.app.conf.get("task_protocol") or 2) == 2
+        )
+        if not explicit and not (all_tasks and (waits or self._limited(name) or tracked)):
             return self.celery_send_task(name, *args, **kwargs)
         task = self.app.tasks.get(name)
         given = self._send_task_signature.bind(name, *args, **kwargs).arguments
@@ -368,6 +381,9 @@ class RedisDelay:
             )
         ):
             return park_sent(task, self.adopted_rules(task), given, self.celery_send_task)
+        if tracked:
+            # Stored in flight and pushed onto its queue in one script, held under a lease from there.
+            return park_sent(task, self.adopted_rules(task), given, self.celery_send_task, send_now=True)
         return self.celery_send_task(name, *args, **kwargs)
 
     def _limited(self, name: str) -> bool:
@@ -379,6 +395,35 @@ class RedisDelay:
             limited = bool(adoptable(task) and self.adopted_rules(task).task_limits is not None)
             self._limited_names[name] = limited
         return limited
+
+    def _tracked(self, name: str) -> bool:
+        """Whether the calls due now of a plain task of the app go through the store (``redisdelay_track_due_now``
+        with ``redisdelay_all_tasks``, where the broker is the store's Redis), unless the task opts out
+        (``redisdelay_track = False``, or ``redisdelay_park = False`` for all of it)."""
+        tracked = self._tracked_names.get(name)
+        if tracked is None:
+            task = self.app.tasks.get(name)
+            tracked = bool(self.tracks_due_now and adoptable(task) and getattr(task, TRACK_OPTION, True) is not False)
+            self._tracked_names[name] = tracked
+        return tracked
+
+    @cached_property
+    def tracks_due_now(self) -> bool:
+        """Whether calls due now are tracked: ``redisdelay_track_due_now`` in the app mode, where the broker is a
+        Redis on the store's server and database (the script that stores a call pushes its message too).
+        Elsewhere they keep Celery's path, with a warning when the setting insists."""
+        settings = self.settings
+        if not (settings.track_due_now and settings.all_tasks):
+            if settings.track_due_now:
+                logger.warning("redisdelay_track_due_now has no effect without redisdelay_all_tasks")
+            return False
+        if not self.depot.fast_release:
+            logger.warning(
+                "redisdelay_track_due_now has no effect: the broker is not a Redis on the store's server and "
+                "database, so calls due now keep Celery's own path (untracked)"
+            )
+            return False
+        return True
 
     def rules_of(self, task: Any) -> CallRules | None:
         """The rules ``task``'s calls are parked by, if its calls may be parked: a delayed task of this

@@ -45,4 +45,5 @@ DIFFERENCES: dict[str, dict[str, str]] = {
         **dict.fromkeys(PROTOCOL_1_TESTS, PROTOCOL_1_REFUSED),
     },
     "all-tasks": {INSPECT_SCHEDULED: NOTHING_ON_THE_WORKER_TIMER},
+    "tracked": {INSPECT_SCHEDULED: NOTHING_ON_THE_WORKER_TIMER},
 }

@@ -7,6 +7,8 @@
     the tests' tasks (``@shared_task``) are bound to it, Celery's own tasks included.
 ``all-tasks``
     ``redisdelay_all_tasks``: the tasks stay as they are, and their calls with a countdown or an eta are parked.
+``tracked``
+    ``all-tasks`` with ``redisdelay_track_due_now``: the calls due now go through the store too, tracked.
 
 In every mode but ``plain`` the in-process worker of the tests runs the precise releaser in a thread.
 """
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-MODES = ("plain", "delayed", "all-tasks")
+MODES = ("plain", "delayed", "all-tasks", "tracked")
 ENV_MODE = "REDISDELAY_SUITE_MODE"
 
 #: The extension's settings in every mode but plain.
@@ -29,4 +31,5 @@ MODE_SETTINGS: dict[str, dict[str, Any]] = {
     "plain": {},
     "delayed": SETTINGS,
     "all-tasks": {**SETTINGS, "redisdelay_all_tasks": True},
+    "tracked": {**SETTINGS, "redisdelay_all_tasks": True, "redisdelay_track_due_now": True},
 }

@@ -164,6 +164,15 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
         notes.add(rd, key, self.request, value=value)
         return value
 
+    @app.task(name="plain.sleep", bind=True, shared=False)
+    def plain_sleep(self: Any, key: str, seconds: float) -> float:
+        """``pools.sleep`` as a plain task: its calls due now are tracked only with redisdelay_track_due_now."""
+        notes.add(rd, key, self.request, at="start", worker=self.request.hostname)
+        told = notes.client().get(f"{key}:sleep")
+        time.sleep(float(told) if told is not None else seconds)
+        notes.add(rd, key, self.request, at="end", worker=self.request.hostname)
+        return seconds
+
     @app.task(name="plain.retrying", bind=True, shared=False)
     def plain_retrying(self: Any, key: str, countdown: float) -> int:
         """Retry once with ``countdown``, then note the run."""

@@ -6,7 +6,8 @@ Every call of an app goes through ``app.send_task`` (``apply_async``, ``delay``,
 ``autoretry_for``), which the extension holds: with the setting on, a call of a plain task of the app
 (``@app.task``, ``@shared_task``, a class-based task, a task of an installed package) that has a countdown
 or an eta in the future is parked as a delayed task's call is, by :class:`AdoptedRules`. A call due now goes
-to the broker as Celery sends it, unless the task is under limits. Celery's own tasks (``celery.*``: chord
+to the broker as Celery sends it, unless the task is under limits, or ``redisdelay_track_due_now`` tracks it (the
+store writes it in flight and pushes its message in one script). Celery's own tasks (``celery.*``: chord
 unlock, backend cleanup, canvas helpers), the extension's (``redisdelay.*``) and tasks that opt out
 (``redisdelay_park = False``) are left to Celery.
 """
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
 CELERY_PREFIXES = ("celery.", "redisdelay.")
 #: The task attribute that opts a task out: ``@app.task(redisdelay_park=False)``.
 OPT_OUT = "redisdelay_park"
+#: Opts a task's calls due now out of ``redisdelay_track_due_now``: the task attribute ``@app.task(
+#: redisdelay_track=False)``, or a call's option ``apply_async(..., redisdelay_track=False)``.
+TRACK_OPTION = "redisdelay_track"
 
 
 class AdoptedRules(CallRules):

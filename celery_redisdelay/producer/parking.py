@@ -15,7 +15,7 @@ from kombu.exceptions import OperationalError
 from ..errors import RedisDelayError, ScheduleError, StoreUnavailableError
 from ..message.envelope import Envelope
 from ..message.marks import ETA_HEADER
-from ..store.calls import CONFLICT
+from ..store.calls import CONFLICT, STORED
 from ..store.limits import Gate
 from ..store.meta import CallMeta, Limits, meta_json, routed
 from .kept import Kept, TemplateKey, template_key
@@ -48,6 +48,7 @@ def parking_producer(
     eta: str | None = None,
     gate: Gate | None = None,
     caller: Any = None,
+    send_now: bool = False,
 ) -> Iterator[ParkingProducer]:
     """A producer for Celery's ``send_task`` that parks the message under ``task_id``, with the ``eta`` Celery
     would have written in it in :data:`~celery_redisdelay.message.marks.ETA_HEADER` (its ``eta`` stays None).
@@ -58,7 +59,8 @@ def parking_producer(
     the producer's ``outcome`` then tells what the store did. With ``learn``, a template of the call
     is kept in ``templates`` under that key (see :mod:`celery_redisdelay.producer.templates`) for the calls like
     it; ``given``
-    are the caller's args and kwargs it is checked with.
+    are the caller's args and kwargs it is checked with. With ``send_now`` (a call due now, tracked), the message
+    goes onto its queue at once, in flight (see :func:`store_call`).
     """
 
     def park(envelope: Envelope) -> tuple[int, str]:
@@ -71,16 +73,8 @@ def parking_producer(
         depot.check_size(envelope.task, len(encoded))
         # A broker message's metadata names the list the release script pushes it onto.
         stored_meta: Limits | CallMeta = routed(meta, fast.key) if fast else meta
-        status, _, holder = depot.shards.home(task_id).park_keyed(
-            task_id,
-            encoded,
-            stored_meta,
-            countdown_ms=due.countdown_ms,
-            due_ms=due.at_ms,
-            mode=mode,
-            key=key,
-            gate=gate,
-        )
+        send_to = fast.key if send_now and fast else None
+        status, holder = store_call(depot, task_id, encoded, stored_meta, None, due, mode, key, gate, send_to)
         if learn is not None:
             options = dict(learn.options)
             fixed = ("argsrepr" in options, "kwargsrepr" in options)
@@ -105,11 +99,13 @@ def park_from(
     ignore_result: bool,
     eta: str | None = None,
     gate: Gate | None = None,
+    send_now: bool = False,
 ) -> tuple[int, str]:
     """Park a call rendered from a kept template, without Celery: (status, id), as the parking
-    producer's ``outcome``. The arguments are checked as Celery checks them first, and the result backend
-    hears of the call as Celery's ``send_task`` tells it, before the message goes (the Redis backend
-    subscribes to the result's channel; kept templates allow no other backend that does anything here)."""
+    producer's ``outcome`` (with ``send_now``, sent onto its queue at once: see :func:`store_call`). The
+    arguments are checked as Celery checks them first, and the result backend hears of the call as Celery's
+    ``send_task`` tells it, before the message goes (the Redis backend subscribes to the result's channel; kept
+    templates allow no other backend that does anything here)."""
     args, kwargs = args or (), kwargs or {}
     if not isinstance(args, list | tuple):
         raise TypeError("task args must be a list or tuple")
@@ -121,9 +117,47 @@ def park_from(
     depot.check_size(kept.template.task, len(stored))
     if not ignore_result:
         task._get_app().backend.on_task_call(None, call_id)
-    meta = meta_json(kept.meta, key) if mode else kept.stored_meta
-    status, _, holder = depot.shards.home(call_id).park_keyed(
-        call_id, stored, meta, countdown_ms=due.countdown_ms, due_ms=due.at_ms, mode=mode, key=key, gate=gate
+    route = kept.meta.get("l") if send_now else None
+    send_to = route if isinstance(route, str) else None
+    stored_meta = meta_json(kept.meta, key) if mode else kept.stored_meta
+    return store_call(depot, call_id, stored, kept.meta, stored_meta, due, mode, key, gate, send_to)
+
+
+def store_call(
+    depot: Depot,
+    call_id: str,
+    payload: bytes,
+    meta: Limits | CallMeta,
+    stored_meta: str | None,
+    due: Due,
+    mode: str,
+    key: str,
+    gate: Gate | None,
+    send_to: str | None,
+) -> tuple[int, str]:
+    """Store a call on its home shard: (status, id of the call stored or kept). ``stored_meta`` is ``meta``'s stored
+    form when known. A call due now with ``send_to`` (the queue list its broker message goes to, where the broker
+    is the store's Redis) and no unique key nor limits is sent: stored in flight and pushed onto the list in one
+    script (:meth:`CallStore.send`), tracked from there as a released call. Any other call is parked."""
+    store = depot.shards.home(call_id)
+    if send_to is not None and not mode and gate is None:
+        store.send(
+            call_id,
+            payload,
+            stored_meta if stored_meta is not None else meta_json(meta),
+            send_to,
+            round(depot.settings.queue_timeout * 1000),
+        )
+        return STORED, call_id
+    status, _, holder = store.park_keyed(
+        call_id,
+        payload,
+        stored_meta if stored_meta is not None else meta,
+        countdown_ms=due.countdown_ms,
+        due_ms=due.at_ms,
+        mode=mode,
+        key=key,
+        gate=gate,
     )
     return status, holder
 
@@ -138,6 +172,7 @@ def park_call(
     build: Callable[[str, Any, dict[str, Any]], Any],
     ignore_result: bool,
     built_by: tuple[str, dict[str, Any]],
+    send_now: bool = False,
 ) -> AsyncResult:
     """Park a call of ``task`` by ``rules`` (a delayed task is its own rules): ``build(call_id, producer,
     options)`` makes Celery build and publish its message through the parking producer (``apply_async`` and
@@ -145,7 +180,8 @@ def park_call(
     it would end the Redis result backend's subscription Celery made at the call. The result is marked
     ``ignored`` as Celery marks it (``get()`` then returns None at once).
     ``built_by`` names the call behind ``build`` and the options it takes by name besides
-    ``options``: calls alike in all of it share a template."""
+    ``options``: calls alike in all of it share a template. ``send_now``: a call due now goes onto its queue at
+    once, tracked (``redisdelay_track_due_now``), instead of waiting for a release."""
     capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
     caller = _callers_producer(task, options)
     limits, mode, key, lock_name, gate = rules.call_options(args, kwargs, options)
@@ -174,15 +210,18 @@ def park_call(
     kept_key = template_key(task, via, {**options, **named}, limits, eta_text is not None) if capture is None else None
 
     made: dict[str, AsyncResult] = {}  # Celery's results of the calls it built, by id
+    sending = send_now and due.countdown_ms == 0 and eta_text is None
 
     def send(call_id: str) -> tuple[int, str]:
         kept = templates.get(kept_key)
         if kept is not None:
-            return park_from(depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result, eta_text, gate)
+            return park_from(
+                depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result, eta_text, gate, sending
+            )
         learn = kept_key if templates.wanted(kept_key) else None
         given = (args, kwargs) if learn is not None else None
         with parking_producer(
-            depot, templates, call_id, due, limits, mode, key, capture, learn, given, eta_text, gate, caller
+            depot, templates, call_id, due, limits, mode, key, capture, learn, given, eta_text, gate, caller, sending
         ) as parking:
             try:
                 built = build(call_id, parking, dict(options))
@@ -251,9 +290,12 @@ def _result(task: Any, call_id: str, ignored: bool, made: dict[str, AsyncResult]
     return result
 
 
-def park_sent(task: Any, rules: CallRules, given: dict[str, Any], send_task: Callable[..., Any]) -> AsyncResult:
+def park_sent(
+    task: Any, rules: CallRules, given: dict[str, Any], send_task: Callable[..., Any], send_now: bool = False
+) -> AsyncResult:
     """Park a call made by name, ``app.send_task(task.name, ...)``, by ``rules``: ``given`` are the arguments
-    of that call as bound to ``send_task``'s signature, ``send_task`` is Celery's own."""
+    of that call as bound to ``send_task``'s signature, ``send_task`` is Celery's own. ``send_now``: see
+    :func:`park_call`."""
     given = dict(given)
     options = dict(given.pop("options", None) or {})
     given.pop("name", None)  # a producer or connection given stays: park_call takes it for the task-sent event
@@ -269,7 +311,7 @@ def park_sent(task: Any, rules: CallRules, given: dict[str, Any], send_task: Cal
         return send_task(task.name, args, kwargs, task_id=call_id, producer=parking, **built_as, **rest)
 
     ignore_result = bool(options.get("ignore_result"))
-    parked = park_call(task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}))
+    parked = park_call(task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}), send_now)
     if result_cls is not None:
         parked, ignored = result_cls(parked.id), parked.ignored
         parked.ignored = ignored

@@ -33,6 +33,8 @@ LISTS = ("delayed", "limited", "inflight", "dead")
 
 #: ``park_keyed`` statuses.
 STORED, KEPT, CONFLICT = 1, 0, -1
+#: What :meth:`CallStore.send` did: pushed onto its list, in flight; or parked due now (not a broker message).
+SENT, PARKED_NOW = 1, 2
 #: How a tracked call can end (``ack``), each counted in the ``counters`` hash: run by a worker, or
 #: discarded unrun by a worker because it was revoked or had expired.
 OUTCOMES = ("acked", "revoked", "expired")
@@ -185,6 +187,15 @@ class CallStore:
     ) -> int:
         """Store a call; due ``countdown_ms`` from now by the Redis clock, or at ``due_ms``."""
         return self.park_keyed(call_id, envelope, meta, countdown_ms=countdown_ms, due_ms=due_ms)[1]
+
+    def send(self, call_id: str, message: bytes, meta: str, list_key: str, queue_timeout_ms: int) -> int:
+        """Store a call due now and push its broker message (its first delivery) onto ``list_key`` in one step, in
+        flight with its queue deadline (``queue_timeout_ms`` unless its metadata has its own): :data:`SENT`. A
+        payload that is not such a message is parked due now instead: :data:`PARKED_NOW`."""
+        status, _ = self._run(
+            "send", [call_id, message, meta, queue_timeout_ms], f"send call {call_id}", [list_key], replicated=True
+        )
+        return int(status)
 
     def park_keyed(
         self,

@@ -19,6 +19,7 @@ from .evalsha import Connections, DirectScript, direct_pool
 STORE_SCRIPTS = (
     "park",
     "park_many",
+    "send",
     "claim",
     "release",
     "confirm",

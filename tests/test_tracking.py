@@ -1,0 +1,272 @@
+"""``redisdelay_track_due_now``: in the app mode, a plain task's call due now goes through the store, in flight and
+pushed onto its queue in one script, and is tracked from there as a released call. Against a real redis-server,
+compared with the same calls of an app without the extension, and on real workers."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery, shared_task
+
+from celery_redisdelay import RedisDelay
+from celery_redisdelay.errors import ConfigurationError, PayloadError, StoreUnavailableError
+from celery_redisdelay.testing import RedisServer, wait_for
+from tests.pool_run import pool_worker
+from tests.test_adoption import broker_messages, comparable, plain_tasks
+
+MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+TRACKING = {"redisdelay_all_tasks": True, "redisdelay_track_due_now": True}
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"track-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def tracking(make_app: MakeApp, queue: str) -> tuple[Celery, RedisDelay]:
+    return make_app(task_default_queue=queue, **TRACKING)
+
+
+@pytest.fixture
+def without(redis_server: RedisServer, queue: str) -> Iterator[Celery]:
+    """The same app without the extension: what Celery itself sends."""
+    app = Celery("without", broker=f"{redis_server.url}/0", set_as_current=False)
+    app.conf.task_default_queue = queue
+    yield app
+    app.close()
+
+
+def tag(message: dict[str, Any]) -> str:
+    return str(message["properties"]["delivery_tag"])
+
+
+@pytest.mark.usefixtures("frozen_clock")  # the same instant for Celery's call and ours: the same expiry
+def test_calls_due_now_are_in_flight_and_queued_as_celery_sends_them(
+    tracking: tuple[Celery, RedisDelay], without: Celery, client: redis.Redis
+) -> None:
+    app, rd = tracking
+    ours, theirs = plain_tasks(app), plain_tasks(without)
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("add", (1, 2), {}),
+        ("add", (3, 4), {}),  # the second call of a kind leaves a template ...
+        ("add", (5, 6), {}),  # ... and the next ones are rendered from it, without Celery
+        ("add", ([7], {"x": 1}), {}),
+        ("add", (3, 4), {"countdown": 0}),
+        ("add", (5, 6), {"priority": 3}),
+        ("add", (7, 8), {"expires": 600, "headers": {"tenant": "t1"}}),
+        ("report", ("sunday",), {"link": theirs["add"].s(1)}),
+    ]
+    for name, args, options in calls:
+        call_id = f"same-{uuid.uuid4().hex}"
+        ours[name].apply_async(args, task_id=call_id, **options)
+        theirs[name].apply_async(args, task_id=call_id, **options)
+        found = rd.find(call_id)
+        assert found is not None and found.state == "inflight", (name, options, found)
+        assert found.meta["s"] == "queued" and found.meta["d"] == 1
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for message in broker_messages(client, app.conf.task_default_queue):
+        by_id.setdefault(message["headers"]["id"], []).append(message)
+    assert len(by_id) == len(calls)
+    for call_id, pair in by_id.items():
+        assert len(pair) == 2 and comparable(pair[0]) == comparable(pair[1]), pair
+        assert f"{call_id}.1" in {tag(m) for m in pair}, "ours carries the store's first delivery tag"
+    assert rd.stats()["inflight"] == len(calls) and rd.stats()["delayed"] == 0
+
+
+def test_every_way_of_calling_a_task_due_now_is_tracked(
+    make_app: MakeApp, queue: str, client: redis.Redis, redis_server: RedisServer
+) -> None:
+    @shared_task(name="track.shared")
+    def shared(x: int) -> int:
+        return x
+
+    app, rd = make_app(task_default_queue=queue, **TRACKING)
+    tasks = plain_tasks(app)
+    with app.connection_for_write() as connection:
+        ids = [
+            tasks["add"].delay(1, 2).id,
+            tasks["add"].s(1, 2).delay().id,
+            app.send_task("adopt.add", (1, 2)).id,
+            app.tasks["track.shared"].delay(1).id,
+            tasks["add"].apply_async((1, 2), connection=connection).id,
+        ]
+        with app.producer_or_acquire() as producer:
+            ids.append(tasks["add"].apply_async((1, 2), producer=producer).id)
+    for call_id in ids:
+        found = rd.find(call_id)
+        assert found is not None and found.state == "inflight", call_id
+    queued = {m["headers"]["id"]: tag(m) for m in broker_messages(client, queue)}
+    assert queued == {call_id: f"{call_id}.1" for call_id in ids}
+
+
+def test_a_task_or_a_call_opts_out_and_keeps_celerys_path(make_app: MakeApp, queue: str, client: redis.Redis) -> None:
+    app, rd = make_app(task_default_queue=queue, **TRACKING)
+    tasks = plain_tasks(app)
+
+    @app.task(name="track.untracked", redisdelay_track=False, shared=False)
+    def untracked() -> None: ...
+
+    kept_out = [
+        untracked.delay().id,
+        tasks["add"].apply_async((1, 2), redisdelay_track=False).id,
+        tasks["kept_out"].delay(1).id,
+        app.tasks["celery.backend_cleanup"].delay().id,
+    ]
+    for call_id in kept_out:
+        assert rd.find(call_id) is None, call_id
+    messages = broker_messages(client, queue)
+    assert {m["headers"]["id"] for m in messages} == set(kept_out)
+    assert all("redisdelay" not in key for m in messages for key in m["properties"]), "the option is ours alone"
+    # A delayed call of the task that opts out of tracking is still parked.
+    assert rd.find(untracked.apply_async(countdown=60).id) is not None
+
+
+def test_without_the_setting_or_the_app_mode_calls_due_now_are_celerys(
+    make_app: MakeApp, queue: str, client: redis.Redis
+) -> None:
+    for conf in ({"redisdelay_all_tasks": True}, {"redisdelay_track_due_now": True}):
+        app, rd = make_app(task_default_queue=queue, **conf)
+        call = plain_tasks(app)["add"].delay(1, 2)
+        assert rd.find(call.id) is None, conf
+    assert client.llen(queue) == 2
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0.0])
+def test_the_setting_refuses_what_is_not_a_bool(make_app: MakeApp, value: object) -> None:
+    app, _ = make_app(redisdelay_all_tasks=True, redisdelay_track_due_now=value)
+    with pytest.raises(ConfigurationError, match="redisdelay_track_due_now must be True or False"):
+        plain_tasks(app)["add"].delay(1, 2)
+
+
+def test_a_message_too_big_fails_at_the_call_and_nothing_is_written(
+    make_app: MakeApp, queue: str, client: redis.Redis
+) -> None:
+    app, rd = make_app(task_default_queue=queue, redisdelay_max_payload_bytes=1000, **TRACKING)
+    with pytest.raises(PayloadError, match="redisdelay_max_payload_bytes"):
+        plain_tasks(app)["add"].delay("x" * 2000, 1)
+    assert client.llen(queue) == 0
+    assert rd.stats()["inflight"] == 0
+
+
+def test_a_store_that_is_down_fails_the_call_as_a_publish_would(queue: str) -> None:
+    """The store is the broker here (tracking needs it): the call fails with our error naming what failed; the
+    script that would have written it is one step, so nothing of it is written."""
+    with RedisServer() as server:
+        app = Celery("down", broker=f"{server.url}/0", set_as_current=False)
+        app.conf.update(task_default_queue=queue, **TRACKING)
+        RedisDelay(app)
+        add = plain_tasks(app)["add"]
+        add.delay(1, 2)  # the scripts are loaded, the tracking decided
+        server.terminate()
+        with pytest.raises(StoreUnavailableError, match="send call"):
+            add.delay(3, 4)
+        app.close()
+
+
+def test_a_tracked_call_runs_once_and_is_acknowledged(redis_server: RedisServer) -> None:
+    with pool_worker(redis_server, "threads", concurrency=2, **TRACKING) as run:
+        key = f"{run.prefix}:runs"
+        ids = [run.task("plain.record").delay(key, n).id for n in range(20)]
+        wait_for(lambda: len(run.notes(key)) >= 20, 30, "the calls to run")
+        wait_for(run.settled, 30, "every call to be acknowledged")
+        notes = run.notes(key)
+        assert sorted(n["id"] for n in notes) == sorted(ids), "each ran once"
+        assert {n["delivery"] for n in notes} == {1}, "the store knew each call while it ran"
+
+
+@pytest.mark.e2e
+def test_a_killed_workers_calls_due_now_run_again_on_another_worker(redis_server: RedisServer) -> None:
+    """The target of the every-call work: a worker SIGKILLed while it runs a due-now call of a plain task and
+    holds six more prefetched; all seven start again on another worker, within the lease (short here; ``python -m
+    bench --only recovery_due_now`` measures it with the default lease)."""
+    short = {"redisdelay_lease": 3.0, "redisdelay_lease_renewal": 0.5}
+    with pool_worker(
+        redis_server,
+        "prefork",
+        concurrency=1,
+        hostname="first@%h",
+        worker_prefetch_multiplier=10,  # the worker holds all six while one runs
+        redisdelay_precise_release=True,  # the worker sweeps too: no beat here
+        **TRACKING,
+        **short,
+    ) as run:
+        key = f"{run.prefix}:runs"
+        sleep = run.task("plain.sleep")
+        long = sleep.delay(key, 600.0)
+        wait_for(lambda: any(n["at"] == "start" for n in run.notes(key)), 30, "the long call to start")
+        quick = [sleep.delay(key, 0.0).id for _ in range(6)]
+        broker = redis.Redis.from_url(run.conf["broker_url"])
+        wait_for(lambda: broker.llen(run.conf["task_default_queue"]) == 0, 30, "the worker to prefetch them")
+        wait_for(
+            lambda: all((held(run, i) or "").startswith("first@") for i in [long.id, *quick]),
+            30,
+            "the worker to hold every call it has",
+        )
+        first = run.worker
+        first.kill()
+        run.marks.set(f"{key}:sleep", 0)  # the long call, run again, ends at once
+        run.worker = run.new_worker("second@%h").start()
+        wait_for(lambda: "ready." in run.worker.output(), 60, "the second worker to be ready")
+
+        def on_second() -> set[str]:
+            return {n["id"] for n in run.notes(key) if n["worker"].startswith("second@")}
+
+        wait_for(lambda: on_second() >= {long.id, *quick}, 60, "every call of the killed worker to run again")
+        wait_for(run.settled, 30, "every call to be acknowledged")
+        starts: dict[str, list[str]] = {}
+        for note in run.notes(key):
+            if note["at"] == "start":
+                starts.setdefault(note["id"], []).append(note["worker"].split("@")[0])
+        assert starts[long.id] == ["first", "second"], "the run cut short runs again"
+        assert all(starts[call_id] == ["second"] for call_id in quick), "a call that never started runs once"
+        first.remove_files()
+        broker.close()
+
+
+def held(run: Any, call_id: str) -> str | None:
+    found = run.rd.find(call_id)
+    return None if found is None else found.meta.get("h")
+
+
+def test_the_history_counts_a_tracked_call_as_parked_and_released(
+    tracking: tuple[Celery, RedisDelay], client: redis.Redis
+) -> None:
+    app, rd = tracking
+    plain_tasks(app)["add"].delay(1, 2)
+    counters = {k.decode(): int(v) for k, v in client.hgetall(rd.depot.keys.counters).items()}
+    assert counters["parked"] == 1 and counters["released"] == 1 and counters["late_le_5"] == 1, counters
+
+
+def test_a_tracked_call_of_a_task_the_worker_does_not_know_is_dead_lettered(redis_server: RedisServer) -> None:
+    """Celery discards it with its own error, as without the extension; the store does not keep it for ever."""
+    with pool_worker(redis_server, "threads", concurrency=2, **TRACKING) as run:
+
+        @run.app.task(name="only.in.the.producer", shared=False)
+        def unknown() -> None: ...
+
+        call = unknown.delay()
+        assert run.rd.find(call.id) is not None
+        wait_for(lambda: getattr(run.rd.find(call.id), "state", None) == "dead", 30, "the call to be dead-lettered")
+        found = run.rd.find(call.id)
+        assert found is not None and "not registered" in str(found.meta.get("why")), found
+        wait_for(lambda: "Received unregistered task" in run.worker.output(), 30, "Celery's own error")
+
+
+def test_a_tracked_call_that_expired_is_discarded_and_counted(redis_server: RedisServer) -> None:
+    with pool_worker(redis_server, "threads", concurrency=2, **TRACKING) as run:
+        key = f"{run.prefix}:runs"
+        record = run.task("plain.record")
+        gone = record.apply_async((key, "expired"), expires=datetime.now(UTC) - timedelta(seconds=1))
+        kept = record.apply_async((key, "kept"), expires=600)
+        wait_for(lambda: len(run.notes(key)) >= 1, 30, "the call that has not expired to run")
+        wait_for(run.settled, 30, "both calls to be forgotten")
+        assert [n["id"] for n in run.notes(key)] == [kept.id]
+        counters = run.rd.client.hgetall(run.rd.depot.keys.counters)
+        assert int(counters[b"expired"]) == 1 and int(counters[b"acked"]) == 1, counters
+        assert gone.id not in {n["id"] for n in run.notes(key)}
