@@ -18,6 +18,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
     ``redisdelay_lease`` in seconds, renewed every third of it (default: the package's, 30 and 10).
 ``REDISDELAY_BENCH_ALL_TASKS``
     ``1`` sets ``redisdelay_all_tasks=True`` (every task's delayed calls are parked).
+``REDISDELAY_BENCH_TRACK``
+    ``1`` sets ``redisdelay_track_due_now=True`` (with all tasks: their calls due now are tracked too).
 
 The bench process builds further apps with :func:`build` (for example one with precise release on to
 park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
@@ -46,6 +48,7 @@ from .common import (
     ENV_PREFETCH,
     ENV_RESULTS,
     ENV_TICK,
+    ENV_TRACK,
     ENV_URL,
     KEY_PREFIX,
     QUEUES,
@@ -82,6 +85,7 @@ def build(
     lease: float | None = None,
     all_tasks: bool = False,
     kombu_unacked: bool = False,
+    track: bool = False,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
@@ -109,6 +113,8 @@ def build(
         conf["redisdelay_park_received"] = True
     if all_tasks:
         conf["redisdelay_all_tasks"] = True
+    if track:
+        conf["redisdelay_track_due_now"] = True
     if kombu_unacked:
         conf["redisdelay_skip_unacked"] = False
     if lease is not None:
@@ -161,6 +167,7 @@ def from_environment() -> BenchApp:
         lease=float(os.environ[ENV_LEASE]) if os.environ.get(ENV_LEASE) else None,
         all_tasks=os.environ.get(ENV_ALL_TASKS) == "1",
         kombu_unacked=os.environ.get(ENV_KOMBU_UNACKED) == "1",
+        track=os.environ.get(ENV_TRACK) == "1",
         set_as_current=True,
     )
 

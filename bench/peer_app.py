@@ -1,4 +1,5 @@
-"""celery-redis-plus, a peer measured beside us (the ``burst`` figure): a plain Celery app on its kombu transport.
+"""celery-redis-plus, a peer measured beside us (the ``burst`` and ``e2e_due_now`` figures): a plain Celery app on
+its kombu transport.
 
 celery-redis-plus is not a dependency: install it into the bench's virtualenv to measure it
 (``pip install --no-deps --ignore-requires-python celery-redis-plus``; it declares Python 3.13 and runs on
@@ -16,7 +17,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .common import ENV_URL, server_ms
+from .common import ENV_PREFETCH, ENV_URL, server_ms
 
 PEER_QUEUE = "bench-burst-peer"
 PEER_DB = 2
@@ -28,7 +29,7 @@ app: Any = Celery("bench-peer", broker=f"valkey{url.removeprefix('redis')}/{PEER
 app.conf.update(
     task_default_queue=PEER_QUEUE,
     task_ignore_result=True,
-    worker_prefetch_multiplier=1,
+    worker_prefetch_multiplier=int(os.environ.get(ENV_PREFETCH, "1")),
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,
 )
@@ -40,4 +41,9 @@ def record_start(self: Any, key: str, i: int = 0) -> None:
     marks.rpush(key, f"{self.request.id} {server_ms(marks)}")
 
 
+def noop(i: int = 0) -> int:
+    return i
+
+
 stamp = app.task(name="bench.peer_stamp", bind=True, shared=False)(record_start)
+noop_task = app.task(name="bench.peer_noop", shared=False)(noop)

@@ -22,6 +22,7 @@ from .common import (
     ENV_PREFETCH,
     ENV_RESULTS,
     ENV_TICK,
+    ENV_TRACK,
     ENV_URL,
 )
 
@@ -77,8 +78,10 @@ class Processes:
         lease: float | None = None,
         all_tasks: bool = False,
         kombu_unacked: bool = False,
+        track: bool = False,
     ) -> dict[str, str]:
         return {
+            ENV_TRACK: "1" if track else "0",
             ENV_ALL_TASKS: "1" if all_tasks else "0",
             ENV_KOMBU_UNACKED: "1" if kombu_unacked else "0",
             ENV_PREFETCH: str(prefetch),
@@ -116,6 +119,7 @@ class Processes:
         app: str = APP,
         all_tasks: bool = False,
         kombu_unacked: bool = False,
+        track: bool = False,
     ) -> CeleryProcess:
         """A worker of ``app`` (the bench's own by default), waited for until it is ready."""
         command = [
@@ -140,6 +144,7 @@ class Processes:
                 lease=lease,
                 all_tasks=all_tasks,
                 kombu_unacked=kombu_unacked,
+                track=track,
             ),
             app,
         )

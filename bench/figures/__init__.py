@@ -9,11 +9,12 @@ from typing import Any
 from ..context import Context
 from .burst import burst
 from .dashboard import dashboard
+from .due_now import e2e_due_now
 from .e2e import e2e_throughput
 from .history import history_cost
 from .lateness import lateness
 from .limits import limits
-from .park import park_bulk, park_single
+from .park import park_bulk, park_single, send_due_now
 from .recovery import long_run, recovery
 from .redis_memory import redis_memory_per_call
 from .release import release
@@ -26,6 +27,7 @@ Figure = Callable[[Context], dict[str, Any]]
 FIGURES: dict[str, Figure] = {
     "park_single": park_single,
     "park_bulk": park_bulk,
+    "send_due_now": send_due_now,
     "release": release,
     "release_limited": release_limited,
     "history_cost": history_cost,
@@ -35,6 +37,7 @@ FIGURES: dict[str, Figure] = {
     "release_cluster": release_cluster,
     "dashboard": dashboard,
     "e2e_throughput": e2e_throughput,
+    "e2e_due_now": e2e_due_now,
     "recovery": recovery,
     "long_run": long_run,
     "burst": burst,

@@ -160,3 +160,46 @@ def park_bulk(ctx: Context) -> dict[str, Any]:
     )
     details["ours_seconds"] = seconds
     return {"rows": [row.as_dict()], "details": details}
+
+
+def send_due_now(ctx: Context) -> dict[str, Any]:
+    """Calls/s of a plain task's ``apply_async()`` due now, tracked (``redisdelay_track_due_now``: stored in flight and
+    queued in one script), against Celery's own publish of the same call, one at a time, nobody consuming."""
+    n = ctx.sizes.park_single
+    tracking = build(ctx.url, all_tasks=True, track=True)
+    ctx.clear(PARK_QUEUE, PARK_PLAIN_QUEUE)
+
+    def timed(task: Any, queue: str, count: int) -> float:
+        started = time.perf_counter()
+        for i in range(count):
+            task.apply_async((i,), queue=queue)
+        return time.perf_counter() - started
+
+    try:
+        timed(tracking.plain_noop, PARK_QUEUE, WARMUP)
+        timed(ctx.bench.plain_noop, PARK_PLAIN_QUEUE, WARMUP)
+        half = n // 2
+        ours = timed(tracking.plain_noop, PARK_QUEUE, half) + timed(tracking.plain_noop, PARK_QUEUE, n - half)
+        celery = timed(ctx.bench.plain_noop, PARK_PLAIN_QUEUE, half)
+        celery += timed(ctx.bench.plain_noop, PARK_PLAIN_QUEUE, n - half)
+        tracked = tracking.rd.stats()["inflight"]
+        queued = int(ctx.client.llen(PARK_QUEUE)), int(ctx.client.llen(PARK_PLAIN_QUEUE))
+        if tracked != n + WARMUP or queued != (n + WARMUP, n + WARMUP):
+            raise RuntimeError(f"expected {n + WARMUP} calls each side, found {tracked} tracked, queued {queued}")
+    finally:
+        tracking.app.close()
+        ctx.clear(PARK_QUEUE, PARK_PLAIN_QUEUE)
+    ours_rate, celery_rate = n / ours, n / celery
+    found = ratio(ours_rate, celery_rate)
+    ctx.say(f"  send_due_now: ours {ours_rate:,.0f} calls/s, Celery {celery_rate:,.0f} calls/s")
+    row = Row(
+        "send_due_now (tracked)",
+        ours_rate,
+        "calls/s",
+        celery_rate,
+        "Celery apply_async(), due now",
+        found,
+        ">= 1.0x",
+        found is not None and found >= 1.0,
+    )
+    return {"rows": [row.as_dict()], "details": {"calls": n, "ours/celery": [ours_rate, celery_rate]}}

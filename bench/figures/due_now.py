@@ -1,0 +1,126 @@
+"""End to end, calls due now in the app mode with ``redisdelay_track_due_now``: every call tracked, against plain
+Celery and celery-redis-plus, at Celery's default prefetch (4) and at 1.
+
+Three ``-P prefork -c 2`` workers run throughout, each on its own queue: ours (an app with ``redisdelay_all_tasks``
+and ``redisdelay_track_due_now``: each call is written in flight and pushed onto its queue in one script, held
+under a lease, acknowledged), the same tasks in an app without the extension (``bench/plain_app.py``), and, when
+installed on Redis 7 or newer, celery-redis-plus (``bench/peer_app.py``). N no-op calls, then a call that records
+its start, sent one at a time through one producer; timed until that last call runs. The sides take turns over two
+rounds after a warm-up of each. Targets: at least 1.5x plain Celery and at least 1.0x celery-redis-plus.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..app import build
+from ..common import E2E_PLAIN_QUEUE, E2E_QUEUE, ENV_PREFETCH, ENV_URL
+from ..context import Context
+from ..report import SKIPPED, Row, ratio
+from .burst import peer_available
+from .e2e import ROUNDS, plain_calls
+
+PREFETCHES = (4, 1)
+TARGET_CELERY = 1.5
+TARGET_PEER = 1.0
+
+
+def e2e_due_now(ctx: Context) -> dict[str, Any]:
+    """Calls/s of calls due now, every one tracked, against plain Celery and celery-redis-plus."""
+    n = ctx.sizes.e2e
+    rows: list[Row] = []
+    details: dict[str, Any] = {"calls": n, "rounds": ROUNDS, "pool": "prefork", "concurrency": 2}
+    for prefetch in PREFETCHES:
+        rates, why_not = one_prefetch(ctx, n, prefetch, details)
+        label = f"e2e_due_now (tracked, prefetch {prefetch})"
+        found = ratio(rates["ours"], rates["plain"])
+        rows.append(
+            Row(
+                label,
+                rates["ours"],
+                "calls/s",
+                rates["plain"],
+                "plain Celery, same tasks",
+                found,
+                f">= {TARGET_CELERY}x",
+                found is not None and found >= TARGET_CELERY,
+            )
+        )
+        label = f"e2e_due_now (tracked, prefetch {prefetch}) vs celery-redis-plus"
+        if why_not is not None:
+            rows.append(Row(label, SKIPPED, "calls/s", target=f"skipped: {why_not}"[:60]))
+        else:
+            found = ratio(rates["ours"], rates["peer"])
+            rows.append(
+                Row(
+                    label,
+                    rates["ours"],
+                    "calls/s",
+                    rates["peer"],
+                    "celery-redis-plus, same tasks",
+                    found,
+                    f">= {TARGET_PEER}x",
+                    found is not None and found >= TARGET_PEER,
+                )
+            )
+    ctx.clear(E2E_QUEUE, E2E_PLAIN_QUEUE)
+    return {"rows": [row.as_dict() for row in rows], "details": details}
+
+
+def one_prefetch(ctx: Context, n: int, prefetch: int, details: dict[str, Any]) -> tuple[dict[str, float], str | None]:
+    """Each side's calls/s over the rounds at one ``worker_prefetch_multiplier``; why the peer was not measured."""
+    os.environ[ENV_URL] = ctx.url  # the plain and peer apps read their Redis from the bench's environment
+    os.environ[ENV_PREFETCH] = str(prefetch)
+    from .. import plain_app
+
+    ours = build(ctx.url, all_tasks=True, track=True, prefetch=prefetch)
+    sides: dict[str, tuple[Any, Any, Any, str]] = {
+        "ours": (ours.app, ours.plain_noop, ours.plain_stamp, E2E_QUEUE),
+        "plain": (plain_app.app, plain_app.plain_noop, plain_app.plain_stamp, E2E_PLAIN_QUEUE),
+    }
+    processes = ctx.processes
+    workers = [
+        processes.worker(
+            f"bench-due-ours-{prefetch}", queues=E2E_QUEUE, concurrency=2, prefetch=prefetch, all_tasks=True, track=True
+        ),
+        processes.worker(
+            f"bench-due-plain-{prefetch}",
+            queues=E2E_PLAIN_QUEUE,
+            concurrency=2,
+            prefetch=prefetch,
+            app="bench.plain_app",
+        ),
+    ]
+    why_not = peer_available(ctx)
+    if why_not is None:
+        from .. import peer_app
+
+        sides["peer"] = (peer_app.app, peer_app.noop_task, peer_app.stamp, peer_app.PEER_QUEUE)
+        workers.append(
+            processes.worker(
+                f"bench-due-peer-{prefetch}",
+                queues=peer_app.PEER_QUEUE,
+                concurrency=2,
+                prefetch=prefetch,
+                app="bench.peer_app",
+            )
+        )
+    seconds = dict.fromkeys(sides, 0.0)
+    try:
+        for turn in range(ROUNDS + 1):
+            size = n if turn else max(50, n // 10)
+            for side, (app, noop, stamp, queue) in sides.items():
+                took = plain_calls(ctx, app, noop, stamp, size, queue)
+                ctx.say(
+                    f"  e2e_due_now prefetch {prefetch} {side} "
+                    f"{'round ' + str(turn) if turn else 'warm-up'}: {size / took:,.0f} calls/s"
+                )
+                if turn:
+                    seconds[side] += took
+    finally:
+        for worker in workers:
+            processes.stop(worker)
+        ours.app.close()
+    details[f"prefetch {prefetch}"] = {f"{side}_seconds": took for side, took in seconds.items()}
+    return {side: ROUNDS * n / took for side, took in seconds.items()}, why_not
