@@ -34,6 +34,8 @@ EARLY_TOLERANCE = 0.001
 #: A unit that started more than this after its due time is late, for the per-SIGKILL comparison.
 LATE_SECONDS = 5.0
 PARKED, CELERY_ETA, CELERY_NOW = "parked", "celery-eta", "celery-now"
+#: A call due now that ``redisdelay_track_due_now`` sent through the store: judged as a parked call is.
+TRACKED = "tracked"
 WORKER_FAULTS = ("worker_kill", "worker_term")
 REDIS_FAULTS = ("redis_kill", "redis_restart", "client_kill")
 ROW_LIMIT = 200
@@ -230,6 +232,7 @@ class Outcome:
         ]
         runs_unsent = sorted(unit for unit in self.ends if unit not in self.sends)
         lost_parked = [row for row in lost if row["path"] == PARKED]
+        lost_tracked = [row for row in lost if row["path"] == TRACKED]
         worker_kills = sum(fault["kind"] == "worker_kill" for fault in self.faults)
         recovery, pooled = self.recovery()
         return {
@@ -249,6 +252,8 @@ class Outcome:
                 "parked_beyond_bound": sum(row["category"] != "bound" for row in lost_parked),
                 "celery_eta": sum(row["path"] == CELERY_ETA for row in lost),
                 "celery_now": sum(row["path"] == CELERY_NOW for row in lost),
+                "tracked": len(lost_tracked),
+                "tracked_beyond_bound": sum(row["category"] != "bound" for row in lost_tracked),
                 "rows": lost[:ROW_LIMIT],
             },
             "duplicates": {

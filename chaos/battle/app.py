@@ -9,7 +9,7 @@ body to be killed in (no sleep) writes both in one round trip, a batch those of 
 
 Configured from the environment (``chaos/battle/config.py``): the store's and broker's URL, the ledger's,
 kombu's ``visibility_timeout`` (``redisdelay_queue_timeout`` is twice it), ``redisdelay_lease``,
-``redisdelay_skip_unacked`` False, the batch.
+``redisdelay_skip_unacked`` False, ``redisdelay_track_due_now``, ``task_acks_late``, the batch.
 """
 
 from __future__ import annotations
@@ -32,11 +32,13 @@ from .config import (
     BATCH_TASK,
     DONE,
     ENDS,
+    ENV_ACKS_LATE,
     ENV_BATCH,
     ENV_KOMBU_UNACKED,
     ENV_LEASE,
     ENV_LEDGER_URL,
     ENV_PLAIN,
+    ENV_TRACK,
     ENV_URL,
     ENV_VISIBILITY,
     KEY_PREFIX,
@@ -70,6 +72,9 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,  # keep reconnecting across Redis restarts
 )
+
+if os.environ.get(ENV_ACKS_LATE) == "1":
+    app.conf.update(task_acks_late=True)
 
 ledger = redis.Redis.from_url(LEDGER_URL, socket_timeout=30)
 
@@ -183,6 +188,8 @@ if not PLAIN:
         app.conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
     if os.environ.get(ENV_KOMBU_UNACKED) == "1":
         app.conf.update(redisdelay_skip_unacked=False)
+    if os.environ.get(ENV_TRACK) == "1":
+        app.conf.update(redisdelay_track_due_now=True)
     rd = extension = RedisDelay(app)
 
     @extension.delayed(

@@ -73,6 +73,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help="redisdelay_skip_unacked False: kombu keeps its copy of the store's calls too",
     )
+    parser.add_argument(
+        "--track-due-now",
+        action="store_true",
+        help="redisdelay_track_due_now: the calls due now go through the store too, tracked",
+    )
+    parser.add_argument(
+        "--acks-late", action="store_true", help="task_acks_late: Celery's at-least-once setting (for a plain twin)"
+    )
     parser.add_argument("--late-seconds", type=float, default=LATE_SECONDS, help="late, per SIGKILL: after this")
     parser.add_argument("--deadline", type=float, default=None, help="give up the drain after this (s)")
     parser.add_argument(
@@ -87,6 +95,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.rate <= 0 or args.countdown_scale <= 0:
         parser.error("--minutes, --rate and --countdown-scale must be positive")
+    if args.plain and (args.track_due_now or args.kombu_unacked):
+        parser.error("--track-due-now and --kombu-unacked are settings of the extension: not with --plain")
     try:
         args.shares = parse_shares(args.mix)
         args.pools = parse_pools(args.workers)
@@ -152,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
             "queue_timeout": None if args.plain else 2 * args.visibility_timeout,
             "lease": args.lease,
             "kombu_unacked": args.kombu_unacked,
+            "track_due_now": args.track_due_now,
+            "acks_late": args.acks_late,
             "batch": [args.batch_size, args.batch_wait],
             "fault_rates_per_minute": rates,
         },

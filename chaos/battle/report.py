@@ -106,6 +106,8 @@ def verdict(data: dict[str, Any]) -> tuple[bool, list[str]]:
     lost = outcome["lost"]
     if lost["parked_beyond_bound"]:
         problems.append(f"{lost['parked_beyond_bound']} parked calls lost (beyond Redis's own bound)")
+    if lost.get("tracked_beyond_bound"):
+        problems.append(f"{lost['tracked_beyond_bound']} tracked calls due now lost (beyond Redis's own bound)")
     if outcome["early"]["total"]:
         problems.append(f"{outcome['early']['total']} runs before their due time")
     if outcome["duplicates"]["unexplained"]:
@@ -150,8 +152,9 @@ def table(data: dict[str, Any]) -> str:
         (
             "lost",
             f"{lost['total']:,}: parked {lost['parked']} (within Redis's 2 s bound before a SIGKILL "
-            f"{lost['parked_within_redis_bound']}, beyond it {lost['parked_beyond_bound']}); Celery's path: due now "
-            f"{lost['celery_now']}, with an eta {lost['celery_eta']}",
+            f"{lost['parked_within_redis_bound']}, beyond it {lost['parked_beyond_bound']}); tracked due now "
+            f"{lost.get('tracked', 0)} (beyond the bound {lost.get('tracked_beyond_bound', 0)}); Celery's path: due "
+            f"now {lost['celery_now']}, with an eta {lost['celery_eta']}",
         ),
         ("duplicates", f"{dups['total']:,} ({dups['unexplained']} unexplained)"),
         (

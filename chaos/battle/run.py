@@ -32,16 +32,18 @@ from ..faults import Clock, Fault
 from ..measure import children_of, inventory, rss_kib
 from ..run import run_producers, say
 from ..topology import Standalone
-from .analysis import CELERY_ETA, CELERY_NOW, PARKED
+from .analysis import CELERY_ETA, CELERY_NOW, PARKED, TRACKED
 from .config import (
     CANCELS,
     DONE,
     ENDS,
+    ENV_ACKS_LATE,
     ENV_BATCH,
     ENV_KOMBU_UNACKED,
     ENV_LEASE,
     ENV_LEDGER_URL,
     ENV_PLAIN,
+    ENV_TRACK,
     ENV_URL,
     ENV_VISIBILITY,
     QUEUE,
@@ -117,6 +119,8 @@ class Battle:
             ENV_VISIBILITY: str(self.args.visibility_timeout),
             ENV_LEASE: str(self.args.lease or ""),
             ENV_KOMBU_UNACKED: "1" if self.args.kombu_unacked else "0",
+            ENV_TRACK: "1" if self.args.track_due_now else "0",
+            ENV_ACKS_LATE: "1" if self.args.acks_late else "0",
             ENV_BATCH: f"{self.args.batch_size},{self.args.batch_wait}",
         }
         os.environ.update(env)
@@ -169,7 +173,9 @@ class Battle:
     def path(self, call: Call) -> str:
         if self.plain:
             return CELERY_ETA if call.countdown > 0 else CELERY_NOW
-        return PARKED if call.countdown > 0 or call.kind in (BATCH, LOCK) else CELERY_NOW
+        if call.countdown > 0 or call.kind in (BATCH, LOCK):
+            return PARKED
+        return TRACKED if self.args.track_due_now else CELERY_NOW
 
     def send(self, call: Call) -> None:
         app = self.app
