@@ -270,3 +270,18 @@ def test_a_tracked_call_that_expired_is_discarded_and_counted(redis_server: Redi
         counters = run.rd.client.hgetall(run.rd.depot.keys.counters)
         assert int(counters[b"expired"]) == 1 and int(counters[b"acked"]) == 1, counters
         assert gone.id not in {n["id"] for n in run.notes(key)}
+
+
+@pytest.mark.parametrize("options", [{}, {"countdown": 60}], ids=["due now, tracked", "parked"])
+def test_the_result_backend_stays_subscribed_to_the_calls_result(
+    make_app: MakeApp, redis_server: RedisServer, queue: str, client: redis.Redis, options: dict[str, Any]
+) -> None:
+    """As Celery's own send_task leaves it (its integration suite checks it): the Redis result backend listens on
+    the result's channel from the call on, for the call built by Celery and for those rendered from its template."""
+    app, _ = make_app(task_default_queue=queue, result_backend=f"{redis_server.url}/1", **TRACKING)
+    add = plain_tasks(app)["add"]
+    for _ in range(3):
+        result = add.apply_async((1, 2), **options)
+        channels = {channel.decode() for channel in client.pubsub_channels()}
+        assert f"celery-task-meta-{result.id}" in channels, "the subscription Celery made at the call was dropped"
+        result.forget()

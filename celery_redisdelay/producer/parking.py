@@ -173,6 +173,7 @@ def park_call(
     ignore_result: bool,
     built_by: tuple[str, dict[str, Any]],
     send_now: bool = False,
+    result_cls: Callable[[str], AsyncResult] | None = None,
 ) -> AsyncResult:
     """Park a call of ``task`` by ``rules`` (a delayed task is its own rules): ``build(call_id, producer,
     options)`` makes Celery build and publish its message through the parking producer (``apply_async`` and
@@ -181,7 +182,8 @@ def park_call(
     ``ignored`` as Celery marks it (``get()`` then returns None at once).
     ``built_by`` names the call behind ``build`` and the options it takes by name besides
     ``options``: calls alike in all of it share a template. ``send_now``: a call due now goes onto its queue at
-    once, tracked (``redisdelay_track_due_now``), instead of waiting for a release."""
+    once, tracked (``redisdelay_track_due_now``), instead of waiting for a release. ``result_cls`` makes the result
+    of a call rendered from a template (``build`` gives it to Celery for the others), as ``send_task`` would."""
     capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
     caller = _callers_producer(task, options)
     limits, mode, key, lock_name, gate = rules.call_options(args, kwargs, options)
@@ -252,20 +254,20 @@ def park_call(
         holder = shards.for_name(key).holder(key)
         if holder is None:
             holder = send(task_id or fresh())[1]
-        return _result(task, holder, ignore_result, made)
+        return _result(task, holder, ignore_result, made, result_cls)
     if mode == "debounce":
         # The replacing call takes the id of the call it replaces, so its message is built with it.
         candidate = shards.for_name(key).holder(key) or task_id or fresh()
         for _ in range(DEBOUNCE_ATTEMPTS):
             status, holder = send(candidate)
             if status != CONFLICT:
-                return _result(task, holder, ignore_result, made)
+                return _result(task, holder, ignore_result, made, result_cls)
             candidate = holder or fresh()
         raise RedisDelayError(
             f"could not park {task.name} under debounce key {key!r}: other producers kept changing it "
             f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
         )
-    return _result(task, send(task_id or fresh())[1], ignore_result, made)
+    return _result(task, send(task_id or fresh())[1], ignore_result, made, result_cls)
 
 
 def _callers_producer(task: Any, options: dict[str, Any]) -> Any:
@@ -281,11 +283,18 @@ def _callers_producer(task: Any, options: dict[str, Any]) -> Any:
     return producer
 
 
-def _result(task: Any, call_id: str, ignored: bool, made: dict[str, AsyncResult]) -> AsyncResult:
-    """The call's result: Celery's own when Celery built the call kept (see :func:`park_call`), else a new one."""
+def _result(
+    task: Any,
+    call_id: str,
+    ignored: bool,
+    made: dict[str, AsyncResult],
+    result_cls: Callable[[str], AsyncResult] | None = None,
+) -> AsyncResult:
+    """The call's result: Celery's own when Celery built the call kept (see :func:`park_call`), else a new one,
+    made by ``result_cls`` when given."""
     result = made.get(call_id)
     if result is None:
-        result = task.AsyncResult(call_id)
+        result = (result_cls or task.AsyncResult)(call_id)
     result.ignored = ignored
     return result
 
@@ -305,14 +314,16 @@ def park_sent(
     # call of the task, so it is no option of the call's template.
     task_type = given.pop("task_type", None)
     built_as = {"task_type": task_type} if task_type is not None else {}
+    if result_cls is not None:
+        # Celery makes the call's result with it: a result made again would drop, with the first one, the Redis
+        # result backend's subscription to the result that Celery made at the call.
+        built_as["result_cls"] = result_cls
     options.update(given)
 
     def build(call_id: str, parking: Any, rest: dict[str, Any]) -> Any:
         return send_task(task.name, args, kwargs, task_id=call_id, producer=parking, **built_as, **rest)
 
     ignore_result = bool(options.get("ignore_result"))
-    parked = park_call(task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}), send_now)
-    if result_cls is not None:
-        parked, ignored = result_cls(parked.id), parked.ignored
-        parked.ignored = ignored
-    return parked
+    return park_call(
+        task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}), send_now, result_cls
+    )
