@@ -98,9 +98,9 @@ recovery, long_run
     lost). ``long_run``: a 3-minute [9 s] run under the lease starts once.
 burst
     5,000 [200] calls due at one instant drained by one ``-P prefork -c 2`` worker: lateness p50/p99,
-    drain rate, worker RSS growth and Redis bytes per waiting call, for ours, Celery's own eta path and,
-    when installed (not with ``--quick``), celery-redis-plus (``bench/peer_app.py``). Targets: p99 at
-    most 1.2x Celery's; RSS growth at most 5 MB.
+    drain rate, worker RSS growth and Redis bytes per waiting call, for ours and Celery's own eta path at Celery's
+    default prefetch (4) and at 1, and, at 1 and when installed (not with ``--quick``), celery-redis-plus
+    (``bench/peer_app.py``). Targets: p99 at most 1.2x Celery's; RSS growth at most 5 MB.
 limits
     On two ``-P prefork -c 2`` workers with precise releasers: a task with ``limit_rate="20/s"`` kept busy for
     30 [5] s, against a plain task with Celery's ``rate_limit="20/s"`` on the same workers (each keeps its own);

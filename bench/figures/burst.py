@@ -113,15 +113,34 @@ def one_side(ctx: Context, worker: CeleryProcess, send: Any, n: int, lead: float
     return result
 
 
+#: Celery's default prefetch multiplier first (what users run), then 1 (the setting that flatters us least).
+PREFETCHES = (4, 1)
+
+
 def burst(ctx: Context) -> dict[str, Any]:
-    """N calls due at one instant: lateness, drain rate, worker RSS and Redis bytes, ours vs Celery (vs a peer)."""
+    """N calls due at one instant: lateness, drain rate, worker RSS and Redis bytes, ours vs Celery (vs a peer), at
+    Celery's default prefetch (4) and at 1."""
     n = ctx.sizes.burst
     lead = QUICK_LEAD if ctx.quick else LEAD
+    table: list[Row] = []
+    details: dict[str, Any] = {"calls": n}
+    for prefetch in PREFETCHES:
+        sides = ours_and_celerys(ctx, n, lead, prefetch)
+        if prefetch == 1:  # the peer once, at the prefetch its own app used
+            sides["celery-redis-plus"] = peers(ctx, n)
+        table += rows(n, sides, prefetch)
+        details[f"prefetch {prefetch}"] = sides
+    return {"rows": [row.as_dict() for row in table], "details": details}
+
+
+def ours_and_celerys(ctx: Context, n: int, lead: float, prefetch: int) -> dict[str, Any]:
+    """Our side and Celery's eta path, each on a fresh ``-P prefork -c 2`` worker with this prefetch multiplier."""
     bench, processes = ctx.bench, ctx.processes
     ctx.clear(OURS_QUEUE, PLAIN_QUEUE)
     sides: dict[str, Any] = {}
-
-    worker = processes.worker("bench-burst", queues=OURS_QUEUE, concurrency=2, precise=True)
+    worker = processes.worker(
+        f"bench-burst-{prefetch}", queues=OURS_QUEUE, concurrency=2, precise=True, prefetch=prefetch
+    )
     try:
         sides["ours"] = one_side(
             ctx,
@@ -129,11 +148,11 @@ def burst(ctx: Context) -> dict[str, Any]:
             lambda key, i, eta: bench.stamp.apply_async((key, i), eta=eta, queue=OURS_QUEUE),
             n,
             lead,
-            "ours",
+            f"ours, prefetch {prefetch}",
         )
     finally:
         processes.stop(worker)
-    worker = processes.worker("bench-burst-plain", queues=PLAIN_QUEUE, concurrency=2)
+    worker = processes.worker(f"bench-burst-plain-{prefetch}", queues=PLAIN_QUEUE, concurrency=2, prefetch=prefetch)
     try:
         with bench.app.producer_or_acquire() as producer:
             sides["celery"] = one_side(
@@ -144,41 +163,45 @@ def burst(ctx: Context) -> dict[str, Any]:
                 ),
                 n,
                 lead,
-                "Celery's eta",
+                f"Celery's eta, prefetch {prefetch}",
             )
     finally:
         processes.stop(worker)
-    why_not = peer_available(ctx) if not ctx.quick else "not measured with --quick (its calls wait 75 s)"
-    if why_not is None:
-        os.environ[ENV_URL] = ctx.url  # the peer's app reads its Redis from the bench's environment
-        from .. import peer_app
-
-        worker = processes.worker("bench-burst-peer", queues=peer_app.PEER_QUEUE, concurrency=2, app="bench.peer_app")
-        try:
-            sides["celery-redis-plus"] = one_side(
-                ctx,
-                worker,
-                lambda key, i, eta: peer_app.stamp.apply_async((key, i), eta=eta),
-                n,
-                PEER_LEAD,
-                "celery-redis-plus",
-            )
-        finally:
-            processes.stop(worker)
-            peer_app.app.close()
-    else:
-        ctx.say(f"  celery-redis-plus: {why_not}")
-        sides["celery-redis-plus"] = why_not
     ctx.clear(OURS_QUEUE, PLAIN_QUEUE)
-    return {"rows": [row.as_dict() for row in rows(n, sides)], "details": {"calls": n, "sides": sides}}
+    return sides
 
 
-def rows(n: int, sides: dict[str, Any]) -> list[Row]:
-    ours, celery, peer = sides["ours"], sides["celery"], sides["celery-redis-plus"]
+def peers(ctx: Context, n: int) -> dict[str, Any] | str:
+    """celery-redis-plus's side (prefetch 1), or why it cannot be measured here."""
+    why_not = peer_available(ctx) if not ctx.quick else "not measured with --quick (its calls wait 75 s)"
+    if why_not is not None:
+        ctx.say(f"  celery-redis-plus: {why_not}")
+        return why_not
+    os.environ[ENV_URL] = ctx.url  # the peer's app reads its Redis from the bench's environment
+    from .. import peer_app
+
+    processes = ctx.processes
+    worker = processes.worker("bench-burst-peer", queues=peer_app.PEER_QUEUE, concurrency=2, app="bench.peer_app")
+    try:
+        return one_side(
+            ctx,
+            worker,
+            lambda key, i, eta: peer_app.stamp.apply_async((key, i), eta=eta),
+            n,
+            PEER_LEAD,
+            "celery-redis-plus",
+        )
+    finally:
+        processes.stop(worker)
+        peer_app.app.close()
+
+
+def rows(n: int, sides: dict[str, Any], prefetch: int) -> list[Row]:
+    ours, celery, peer = sides["ours"], sides["celery"], sides.get("celery-redis-plus")
     found = ratio(ours["p99_ms"], celery["p99_ms"])
     table = [
         Row(
-            f"burst of {n:,}: p99 lateness",
+            f"burst of {n:,} (prefetch {prefetch}): p99 lateness",
             ours["p99_ms"],
             "ms",
             celery["p99_ms"],
@@ -187,9 +210,16 @@ def rows(n: int, sides: dict[str, Any]) -> list[Row]:
             f"<= {P99_TARGET}x",
             found is not None and found <= P99_TARGET,
         ),
-        Row(f"burst of {n:,}: p50 lateness", ours["p50_ms"], "ms", celery["p50_ms"], "Celery's own eta", None),
         Row(
-            f"burst of {n:,}: drain rate",
+            f"burst of {n:,} (prefetch {prefetch}): p50 lateness",
+            ours["p50_ms"],
+            "ms",
+            celery["p50_ms"],
+            "Celery's own eta",
+            None,
+        ),
+        Row(
+            f"burst of {n:,} (prefetch {prefetch}): drain rate",
             ours["drain_per_s"],
             "calls/s",
             celery["drain_per_s"],
@@ -197,7 +227,7 @@ def rows(n: int, sides: dict[str, Any]) -> list[Row]:
             ratio(ours["drain_per_s"], celery["drain_per_s"]),
         ),
         Row(
-            f"burst of {n:,}: worker RSS growth",
+            f"burst of {n:,} (prefetch {prefetch}): worker RSS growth",
             ours["rss_growth_mb"],
             "MB",
             celery["rss_growth_mb"],
@@ -207,7 +237,7 @@ def rows(n: int, sides: dict[str, Any]) -> list[Row]:
             ours["rss_growth_mb"] <= RSS_TARGET_MB,
         ),
         Row(
-            f"burst of {n:,}: Redis bytes per waiting call",
+            f"burst of {n:,} (prefetch {prefetch}): Redis bytes per waiting call",
             ours["redis_bytes_per_call"],
             "B/call",
             celery["redis_bytes_per_call"],
@@ -221,7 +251,9 @@ def rows(n: int, sides: dict[str, Any]) -> list[Row]:
         ("worker RSS growth", "rss_growth_mb", "MB"),
         ("Redis bytes per waiting call", "redis_bytes_per_call", "B/call"),
     ):
-        label = f"burst of {n:,}: {name}, celery-redis-plus"
+        label = f"burst of {n:,} (prefetch {prefetch}): {name}, celery-redis-plus"
+        if peer is None:
+            continue
         if isinstance(peer, str):
             table.append(Row(label, SKIPPED, unit, target=f"skipped: {peer}"[:60]))
         else:
