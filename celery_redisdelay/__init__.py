@@ -16,7 +16,8 @@ from .producer.batch import BatchedTask
 from .producer.locks import Lock
 from .producer.task import DelayedTask
 
-__version__ = "0.1.0"
+# The one place of the version: pyproject.toml and docs/conf.py read it, CHANGELOG.rst has an entry for it.
+__version__ = "0.5.0"
 
 __all__ = [
     "Abandon",

@@ -13,7 +13,10 @@ import celery_redisdelay  # noqa: E402 - the package of this checkout, for its v
 project = "celery-redisdelay"
 author = "The celery-redisdelay authors"
 copyright = "the celery-redisdelay authors"
-release = version = celery_redisdelay.__version__
+# The version is written once, in celery_redisdelay/__init__.py (pyproject.toml reads it too); the manual's title
+# and pages show it.
+release = celery_redisdelay.__version__
+version = ".".join(release.split(".")[:2])
 
 extensions = ["sphinx.ext.autodoc"]
 autodoc_member_order = "bysource"
