@@ -96,6 +96,9 @@ recovery, long_run
     seconds from the kill to each call's start on a second worker, with the default 30 s lease [3 s],
     against the same calls as plain Celery tasks watched for 75 [5] s (target: all within 45 s, none
     lost). ``long_run``: a 3-minute [9 s] run under the lease starts once.
+recovery_due_now, long_run_due_now
+    The same with a plain task's calls due now, tracked (``redisdelay_track_due_now``): a worker running one and
+    holding six prefetched is SIGKILLed (target: all seven again within 45 s), and a 75 s run starts once.
 burst
     5,000 [200] calls due at one instant drained by one ``-P prefork -c 2`` worker: lateness p50/p99,
     drain rate, worker RSS growth and Redis bytes per waiting call, for ours and Celery's own eta path at Celery's

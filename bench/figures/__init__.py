@@ -15,7 +15,7 @@ from .history import history_cost
 from .lateness import lateness
 from .limits import limits
 from .park import park_bulk, park_single, send_due_now
-from .recovery import long_run, recovery
+from .recovery import long_run, long_run_due_now, recovery, recovery_due_now
 from .redis_memory import redis_memory_per_call
 from .release import release
 from .release_cluster import release_cluster
@@ -40,6 +40,8 @@ FIGURES: dict[str, Figure] = {
     "e2e_due_now": e2e_due_now,
     "recovery": recovery,
     "long_run": long_run,
+    "recovery_due_now": recovery_due_now,
+    "long_run_due_now": long_run_due_now,
     "burst": burst,
     "limits": limits,
 }

@@ -51,13 +51,28 @@ def starts(ctx: Context, key: str) -> list[tuple[str, int, str]]:
 
 
 def one_side(
-    ctx: Context, app: BenchApp, *, ours: bool, prefetched: int, window: float, lease: float | None
+    ctx: Context,
+    app: BenchApp,
+    *,
+    ours: bool,
+    prefetched: int,
+    window: float,
+    lease: float | None,
+    tracked: bool = False,
 ) -> dict[str, Any]:
-    """Run the scenario once; per call, the seconds from the kill to its start on the second worker."""
+    """Run the scenario once; per call, the seconds from the kill to its start on the second worker. ``tracked``:
+    ours are the plain task's calls due now, tracked (``app`` and the workers with ``redisdelay_track_due_now``)."""
     key = f"bench:recovery:{uuid.uuid4().hex}"
-    task = app.sleeper if ours else app.plain_sleeper
+    task = app.sleeper if ours and not tracked else app.plain_sleeper
     first = ctx.processes.worker(
-        "recovery-first", queues=RECOVERY_QUEUE, concurrency=1, precise=True, prefetch=PREFETCH, lease=lease
+        "recovery-first",
+        queues=RECOVERY_QUEUE,
+        concurrency=1,
+        precise=True,
+        prefetch=PREFETCH,
+        lease=lease,
+        all_tasks=tracked,
+        track=tracked,
     )
     long = task.apply_async((key, LONG_SECONDS), queue=RECOVERY_QUEUE).id
     wait_for(lambda: any(s[0] == long for s in starts(ctx, key)), 60, "the long call to start")
@@ -70,7 +85,14 @@ def one_side(
 
         wait_for(all_held, 60, "the first worker to hold every call")
     second = ctx.processes.worker(
-        "recovery-second", queues=RECOVERY_QUEUE, concurrency=1, precise=True, prefetch=PREFETCH, lease=lease
+        "recovery-second",
+        queues=RECOVERY_QUEUE,
+        concurrency=1,
+        precise=True,
+        prefetch=PREFETCH,
+        lease=lease,
+        all_tasks=tracked,
+        track=tracked,
     )
     killed_ms = server_ms(ctx.client)
     ctx.processes.stop(first, kill=True)
@@ -112,15 +134,29 @@ def held_by(app: BenchApp, call_id: str) -> str | None:
 
 
 def recovery(ctx: Context) -> dict[str, Any]:
+    return recovery_of(ctx, tracked=False)
+
+
+def recovery_due_now(ctx: Context) -> dict[str, Any]:
+    """The same with a plain task's calls due now, tracked: the long one running and six prefetched."""
+    return recovery_of(ctx, tracked=True)
+
+
+def recovery_of(ctx: Context, *, tracked: bool) -> dict[str, Any]:
     prefetched, lease, window = (10, QUICK_LEASE, 5.0) if ctx.quick else (50, None, BASELINE_WINDOW)
-    app = build(ctx.url, precise=True, prefetch=PREFETCH)
+    if tracked:
+        prefetched = 6
+    app = build(ctx.url, precise=True, prefetch=PREFETCH, all_tasks=tracked, track=tracked)
+    plain = build(ctx.url, precise=True, prefetch=PREFETCH) if tracked else app
     try:
-        ours = one_side(ctx, app, ours=True, prefetched=prefetched, window=120.0, lease=lease)
+        ours = one_side(ctx, app, ours=True, prefetched=prefetched, window=120.0, lease=lease, tracked=tracked)
         ctx.say(f"  ours: {ours}")
-        celerys = one_side(ctx, app, ours=False, prefetched=prefetched, window=window, lease=lease)
+        celerys = one_side(ctx, plain, ours=False, prefetched=prefetched, window=window, lease=lease)
         ctx.say(f"  Celery's: {celerys}")
     finally:
         app.app.close()
+        if plain is not app:
+            plain.app.close()
         ctx.clear(RECOVERY_QUEUE, "unacked", "unacked_index")
     # None lost, all back in time, and only the run the kill cut short ran twice.
     met = (
@@ -130,8 +166,9 @@ def recovery(ctx: Context) -> dict[str, Any]:
         and set(ours["twice"]) <= ({ours["long"]} if ours["long_ran_twice"] else set())
     )
     all_back = celerys["recovered"] == celerys["calls"]
+    kind = "calls due now, tracked," if tracked else "calls"
     row = Row(
-        f"recovery ({ours['calls']} calls of a SIGKILLed worker, {lease or 30:g} s lease)",
+        f"recovery ({ours['calls']} {kind} of a SIGKILLed worker, {lease or 30:g} s lease)",
         ours["max_seconds"] if ours["max_seconds"] is not None else "none back",
         "s, the last",
         celerys["max_seconds"] if all_back else None,
@@ -144,12 +181,24 @@ def recovery(ctx: Context) -> dict[str, Any]:
 
 
 def long_run(ctx: Context) -> dict[str, Any]:
-    seconds, lease = (9.0, QUICK_LEASE) if ctx.quick else (180.0, None)
-    app = build(ctx.url, precise=True)
+    return long_run_of(ctx, tracked=False)
+
+
+def long_run_due_now(ctx: Context) -> dict[str, Any]:
+    """A plain task's call due now, tracked, running 75 s on a live worker under the default lease."""
+    return long_run_of(ctx, tracked=True)
+
+
+def long_run_of(ctx: Context, *, tracked: bool) -> dict[str, Any]:
+    seconds, lease = (9.0, QUICK_LEASE) if ctx.quick else (75.0 if tracked else 180.0, None)
+    app = build(ctx.url, precise=True, all_tasks=tracked, track=tracked)
     key = f"bench:long:{uuid.uuid4().hex}"
-    worker = ctx.processes.worker("long-run", queues=RECOVERY_QUEUE, concurrency=1, precise=True, lease=lease)
+    worker = ctx.processes.worker(
+        "long-run", queues=RECOVERY_QUEUE, concurrency=1, precise=True, lease=lease, all_tasks=tracked, track=tracked
+    )
+    task = app.plain_sleeper if tracked else app.sleeper
     try:
-        call = app.sleeper.apply_async((key, seconds), queue=RECOVERY_QUEUE).id
+        call = task.apply_async((key, seconds), queue=RECOVERY_QUEUE).id
         wait_for(lambda: app.rd.find(call) is None, seconds + 120, "the long run to be acknowledged", interval=1.0)
         started = [s for s in starts(ctx, key) if s[0] == call]
     finally:
@@ -157,7 +206,7 @@ def long_run(ctx: Context) -> dict[str, Any]:
         app.app.close()
         ctx.client.unlink(key)
     row = Row(
-        f"long_run ({seconds:.0f} s run, {lease or 30:g} s lease)",
+        f"long_run ({seconds:.0f} s run{', due now, tracked' if tracked else ''}, {lease or 30:g} s lease)",
         len(started),
         "starts",
         1,
