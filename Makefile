@@ -27,4 +27,4 @@ celery-suite:
 # The three-minute battle on Valkey that CI leaves out for time (.ci/run runs the one on Redis).
 battle-valkey:
 	python3 dev.py battle --minutes 3 --rate 100 --countdown-scale 0.05 --visibility-timeout 60 --seed 37 \
-		--workers prefork:2,prefork:2,threads:4 --server valkey
+		--workers prefork:2,prefork:2,threads:4 --track-due-now --server valkey
