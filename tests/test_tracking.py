@@ -4,6 +4,7 @@ compared with the same calls of an app without the extension, and on real worker
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -285,3 +286,18 @@ def test_the_result_backend_stays_subscribed_to_the_calls_result(
         channels = {channel.decode() for channel in client.pubsub_channels()}
         assert f"celery-task-meta-{result.id}" in channels, "the subscription Celery made at the call was dropped"
         result.forget()
+
+
+def test_where_the_broker_is_not_the_stores_redis_calls_due_now_keep_celerys_path(
+    make_app: MakeApp, redis_server: RedisServer, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one script cannot push onto a broker it does not hold: the call goes as Celery sends it, untracked,
+    with a warning (parking it due now would add a release's delay to every call)."""
+    app, rd = make_app(task_default_queue=queue, redisdelay_url=f"{redis_server.url}/4", **TRACKING)
+    with caplog.at_level("WARNING", logger="celery_redisdelay"):
+        call = plain_tasks(app)["add"].delay(1, 2)
+    assert rd.find(call.id) is None
+    assert "redisdelay_track_due_now has no effect" in caplog.text
+    broker = redis.Redis.from_url(f"{redis_server.url}/0")
+    assert [json.loads(raw)["headers"]["id"] for raw in broker.lrange(queue, 0, -1)] == [call.id]
+    broker.close()
