@@ -19,7 +19,9 @@ from celery.utils.functional import maybe_list
 from .extension import RedisDelay
 from .message.marks import received_from_store
 from .release.precise import PreciseReleasers
+from .worker.broker_loss import guard as guard_broker_loss
 from .worker.leases import Leases, delivery_tag, running_ids
+from .worker.pausing import PausedCalls
 from .worker.received import ReceivedParking
 from .worker.stale import StaleDeliveries
 from .worker.tracking import drop_revoked, parks_calls_of
@@ -150,15 +152,20 @@ class DurableRevokeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
 
 class StaleDeliveryStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
     """The worker drops a redelivered message of a parked call that is not the call's current delivery
-    (:mod:`celery_redisdelay.worker.stale`). Set up before the worker's consumer makes its message handlers."""
+    (:mod:`celery_redisdelay.worker.stale`), and holds back the calls of paused tasks and queues
+    (:mod:`celery_redisdelay.worker.pausing`). Set up before the worker's consumer makes its message handlers."""
 
     label = "redisdelay stale deliveries"
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
-        depot = RedisDelay.of(worker.app).depot
+        rd = RedisDelay.of(worker.app)
+        depot = rd.depot
         owns = functools.partial(parks_calls_of, depot)
         StaleDeliveries(depot, owns, name_worker(worker)).install(worker.app.tasks)
+        # Wrapped after the stale check, so it looks first: a call of a paused task or queue is held back in the store
+        # (worker/pausing.py) before anything else looks at it.
+        PausedCalls(depot, rd.rules_of, owns, name_worker(worker)).install(worker.app.tasks)
 
 
 class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
@@ -181,17 +188,23 @@ class SkipUnackedStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery 
     out for the calls the store released (:mod:`celery_redisdelay.worker.unacked`). A step of the consumer: its
     channel is made again on each connection, and set up again with it. Only where the broker is the store's
     Redis: there the sweep finds a call its worker popped and died with before its lease was taken. Elsewhere
-    kombu keeps its bookkeeping, with a warning where the setting is True."""
+    kombu keeps its bookkeeping, with a warning where the setting is True.
+
+    Whatever the setting, the channel first gets the guard that keeps a lost broker connection from ending the
+    worker (:mod:`celery_redisdelay.worker.broker_loss`), under the bookkeeping's own restore: this step is the
+    one that sets up each new task channel."""
 
     label = "redisdelay skip unacked"
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def start(self, consumer: Any) -> None:
         depot = RedisDelay.of(consumer.app).depot
+        channel = getattr(getattr(consumer, "task_consumer", None), "channel", None)
+        if channel is not None:
+            guard_broker_loss(channel)
         wanted = depot.settings.skip_unacked
         if wanted is False:
             return
-        channel = getattr(getattr(consumer, "task_consumer", None), "channel", None)
         if depot.fast_release and channel is not None and skip_unacked(channel, depot):
             depot.skipping_unacked = True
         elif wanted:
