@@ -3,6 +3,8 @@
 With ``REDISDELAY_CONFORMANCE_MODE=all-tasks`` the app has ``redisdelay_all_tasks`` on, and the second variant of
 each task is a plain task the setting adopts (``@app.task``, or ``@shared_task`` for every other one), while
 the first opts out (``redisdelay_park=False``): the same suite then compares Celery with the whole-app mode.
+``tracked`` is the same with ``redisdelay_track_due_now``: the store is then the broker's database (tracking needs
+it), so the second variant's calls due now are tracked too.
 
 ``tests/test_conformance.py`` runs the same call on both and compares what a real worker did: which
 deliveries ran with which request, the result state and value, callbacks, events. The tasks record
@@ -34,8 +36,9 @@ from celery_redisdelay import RedisDelay
 
 URL = os.environ.get("REDISDELAY_TEST_URL", "redis://127.0.0.1:6379")
 MODE_ENV = "REDISDELAY_CONFORMANCE_MODE"
-MODE = os.environ.get(MODE_ENV, "delayed")  # or "all-tasks"
-ALL_TASKS = MODE == "all-tasks"
+MODE = os.environ.get(MODE_ENV, "delayed")  # or "all-tasks", or "tracked"
+ALL_TASKS = MODE in ("all-tasks", "tracked")
+TRACKED = MODE == "tracked"
 PREFIX = "pfx:"
 QUEUES = ("conf", "conf.routed", "conf.bound")
 BOUND_EXCHANGE, BOUND_KEY = "conf.exchange", "conf.key"
@@ -81,6 +84,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
 )
+if TRACKED:
+    app.conf.update(redisdelay_url=f"{URL}/3", redisdelay_track_due_now=True)
 rd = RedisDelay(app)
 marks = redis.Redis.from_url(f"{URL}/2")
 

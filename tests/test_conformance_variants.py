@@ -2,6 +2,7 @@
 
 * ``all-tasks``: ``redisdelay_all_tasks`` on, each task's second variant a plain ``@app.task`` or
   ``@shared_task`` that the setting adopts, compared with the same task left to Celery;
+* ``tracked``: the same with ``redisdelay_track_due_now``, the second variant's calls due now tracked too;
 * the worker on Celery's ``threads`` and ``gevent`` pools (the tests of what only prefork has, time limits and a
   pool process that dies, skip, saying so).
 
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.e2e
 
 VARIANTS = {
     "all-tasks": {"REDISDELAY_CONFORMANCE_MODE": "all-tasks"},
+    "tracked": {"REDISDELAY_CONFORMANCE_MODE": "tracked"},
     "threads": {"REDISDELAY_CONFORMANCE_POOL": "threads"},
     "gevent": {"REDISDELAY_CONFORMANCE_POOL": "gevent"},
 }
