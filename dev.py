@@ -10,7 +10,7 @@ python3 dev.py test-lowest [pytest args]
 python3 dev.py lint     ruff, mypy and the layering contracts (import-linter)
 python3 dev.py bench    the benchmarks
 python3 dev.py docs     the manual (Sphinx, warnings as errors) into docs/_build/html
-python3 dev.py celery-suite [--quick | --ci | --full] [--modes plain,delayed,all-tasks] [-k EXPR]
+python3 dev.py celery-suite [--quick | --ci | --full] [--modes plain,delayed,all-tasks,tracked] [-k EXPR]
                         Celery's own integration tests (test_tasks.py and test_canvas.py; with --full every
                         file of t/integration that runs on Redis; from the sdist of the installed Celery)
                         without the extension and with it, compared test by test
