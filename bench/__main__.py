@@ -90,7 +90,8 @@ e2e_due_now
     Calls/s end to end of calls due now, every one tracked (``redisdelay_track_due_now``), through one ``-P prefork
     -c 2`` worker, against the same tasks in an app without the extension and, when installed on Redis 7+,
     celery-redis-plus, at Celery's default prefetch (4) and at 1; 5,000 [300] calls a round, the sides taking
-    turns over two rounds. Targets: >= 1.5x plain Celery, >= 1.0x celery-redis-plus.
+    turns over two rounds (``--quick``: prefetch 4 alone, no peer). Targets: >= 1.5x plain Celery, >= 1.0x
+    celery-redis-plus.
 recovery, long_run
     A ``-P prefork -c 1`` worker running a 20 s call and holding 50 [10] prefetched ones is SIGKILLed:
     seconds from the kill to each call's start on a second worker, with the default 30 s lease [3 s],

@@ -124,9 +124,9 @@ def burst(ctx: Context) -> dict[str, Any]:
     lead = QUICK_LEAD if ctx.quick else LEAD
     table: list[Row] = []
     details: dict[str, Any] = {"calls": n}
-    for prefetch in PREFETCHES:
+    for prefetch in PREFETCHES[:1] if ctx.quick else PREFETCHES:  # --quick: Celery's default prefetch alone
         sides = ours_and_celerys(ctx, n, lead, prefetch)
-        if prefetch == 1:  # the peer once, at the prefetch its own app used
+        if prefetch == PREFETCHES[-1]:  # the peer once, at 1, the prefetch its own app used
             sides["celery-redis-plus"] = peers(ctx, n)
         table += rows(n, sides, prefetch)
         details[f"prefetch {prefetch}"] = sides
