@@ -21,6 +21,7 @@ from .message.marks import received_from_store
 from .release.precise import PreciseReleasers
 from .worker.broker_loss import guard as guard_broker_loss
 from .worker.leases import Leases, delivery_tag, running_ids
+from .worker.pausing import PausedCalls
 from .worker.received import ReceivedParking
 from .worker.stale import StaleDeliveries
 from .worker.tracking import drop_revoked, parks_calls_of
@@ -151,15 +152,20 @@ class DurableRevokeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
 
 class StaleDeliveryStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
     """The worker drops a redelivered message of a parked call that is not the call's current delivery
-    (:mod:`celery_redisdelay.worker.stale`). Set up before the worker's consumer makes its message handlers."""
+    (:mod:`celery_redisdelay.worker.stale`), and holds back the calls of paused tasks and queues
+    (:mod:`celery_redisdelay.worker.pausing`). Set up before the worker's consumer makes its message handlers."""
 
     label = "redisdelay stale deliveries"
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
-        depot = RedisDelay.of(worker.app).depot
+        rd = RedisDelay.of(worker.app)
+        depot = rd.depot
         owns = functools.partial(parks_calls_of, depot)
         StaleDeliveries(depot, owns, name_worker(worker)).install(worker.app.tasks)
+        # Wrapped after the stale check, so it looks first: a call of a paused task or queue is held back in the store
+        # (worker/pausing.py) before anything else looks at it.
+        PausedCalls(depot, rd.rules_of, owns, name_worker(worker)).install(worker.app.tasks)
 
 
 class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped

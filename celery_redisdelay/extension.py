@@ -15,7 +15,7 @@ from celery import Celery, signals
 from . import settings as settings_module
 from .errors import ConfigurationError, RedisDelayError, ScheduleError
 from .message import wire
-from .operations import checks
+from .operations import checks, pausing
 from .operations.listing import Scanner
 from .operations.validation import register_validation_tasks
 from .producer import batch
@@ -509,6 +509,25 @@ class RedisDelay:
         """Drop the calls among ``task_ids`` that are still parked, 1,000 per script call, and record
         each as revoked (see :meth:`cancel`); returns the ids cancelled (the others were not parked)."""
         return revocation.cancel_many(self.depot, task_ids)
+
+    def pause(
+        self, task: str | None = None, queue: str | None = None, seconds: float | str | None = None, reason: str = ""
+    ) -> dict[str, Any]:
+        """Pause a task (by name) or a queue for the whole fleet, until :meth:`resume` or for ``seconds`` (a number,
+        or a text like ``10m``): no call of it starts meanwhile; its calls wait in the store and go out, in due
+        order, when the pause ends. A call already running finishes. Pausing again keeps the first pause's start
+        and sets its end. Bad input raises :class:`~celery_redisdelay.operations.pausing.PauseError` (a
+        ``ValueError``) and stores nothing. Returns the pause as :meth:`paused` lists it."""
+        return pausing.pause(self.depot, task=task, queue=queue, seconds=seconds, reason=reason)
+
+    def resume(self, task: str | None = None, queue: str | None = None) -> bool:
+        """End the pause of a task or a queue: its calls go out with the next releases. Whether it was paused."""
+        return pausing.resume(self.depot, task=task, queue=queue)
+
+    def paused(self) -> list[dict[str, Any]]:
+        """What is paused: a dict per target with ``kind`` (task or queue), ``name``, ``since``, ``until`` (aware
+        datetimes; until None: until resumed), ``reason`` and ``waiting`` (calls waiting on it in the store)."""
+        return pausing.paused(self.depot)
 
     def stats(self) -> dict[str, int]:
         """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``,

@@ -40,6 +40,7 @@ ALERTS = {
     "RedisDelayDeadLettering",
     "RedisDelayNoReleaser",
     "RedisDelayInflightPastDeadline",
+    "RedisDelayPausedLong",
 }
 #: The test series: one sample a minute for this many minutes.
 MINUTES = 40
@@ -193,7 +194,7 @@ def test_the_rules_are_valid(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yml"
     rules.write_text(monitoring.read("alerts"))
     done = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "SUCCESS: 5 rules found" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and "SUCCESS: 6 rules found" in done.stdout, done.stdout + done.stderr
 
 
 def test_a_healthy_deployment_raises_no_alert(scrape: list[Sample], tmp_path: Path) -> None:
@@ -216,12 +217,13 @@ def case(input_series: list[dict[str, str]], *checks: dict[str, Any]) -> dict[st
 
 def test_each_fault_raises_its_alert(scrape: list[Sample], tmp_path: Path) -> None:
     assert values(scrape, "redisdelay_tick_interval_seconds") == [1.0], "the rule counts ticks of the default 1 s"
-    growing, late, dead, stopped, past = (
+    growing, late, dead, stopped, past, paused = (
         "RedisDelayDueBacklogGrowing",
         "RedisDelayReleaseLatenessHigh",
         "RedisDelayDeadLettering",
         "RedisDelayNoReleaser",
         "RedisDelayInflightPastDeadline",
+        "RedisDelayPausedLong",
     )
     no_releaser = alert(stopped, "critical", "No releaser has run for 10 ticks", "No beat tick")
     run_promtool(
@@ -264,6 +266,12 @@ def test_each_fault_raises_its_alert(scrape: list[Sample], tmp_path: Path) -> No
                 series(scrape, redisdelay_inflight_expired=f"0x10 3x{MINUTES - 10}"),
                 at(12, past),
                 at(16, past, alert(past, "warning", "3 in-flight calls stay past their deadline", "Calls in flight")),
+            ),
+            # a task paused from minute 5 on: pending for 30 minutes, then raised
+            case(
+                series(scrape, redisdelay_paused_targets=f"0x5 1x{MINUTES - 5}"),
+                at(34, paused),
+                at(36, paused, alert(paused, "warning", "1 tasks or queues paused for over 30 minutes", "A task")),
             ),
         ],
     )

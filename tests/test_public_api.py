@@ -65,6 +65,8 @@ COMMANDS = {
     "monitoring",
     # added since: limits across every worker
     "limits",
+    # added since: pause and resume
+    "pause", "resume", "paused",
 }  # fmt: skip
 
 

@@ -422,7 +422,7 @@ def test_a_prefix_with_braces_is_refused_before_anything_is_stored(make_app: Mak
 def test_store_keys_share_one_hash_tag() -> None:
     keys = Keyspace("my-app")
     assert keys.store_keys[:5] == [keys.delayed, keys.inflight, keys.dead, keys.payloads, keys.meta]
-    assert len(set(keys.store_keys)) == 18
+    assert len(set(keys.store_keys)) == 20
     # The per-name keys of batch groups and locks go to the same slot, whatever the name holds.
     named = [keys.batch_items('["t","a{b}c"]'), keys.lock("order:{42}"), keys.lock_waiters("x"), keys.lock_wake("y")]
     every = keys.store_keys + named

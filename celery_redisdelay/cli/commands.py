@@ -25,7 +25,7 @@ from ..operations.validation import run_validation
 from ..operations.waiting import adopt_waiting
 from ..release.precise import PreciseReleasers
 from ..store.calls import LISTS
-from . import actions
+from . import actions, pausing
 from .history import print_history
 from .limits import limits
 from .output import FORCE_OPTION, JSON_OPTION, emit, extension, on_stop_signals, pairs, say, table
@@ -51,6 +51,8 @@ def redisdelay(ctx: click.Context, **preload: Any) -> None:
 
 
 for _command in actions.COMMANDS:
+    redisdelay.add_command(_command)
+for _command in pausing.COMMANDS:
     redisdelay.add_command(_command)
 redisdelay.add_command(limits)
 
@@ -156,9 +158,12 @@ def web(
 def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) -> None:
     """Calls per state, the release and sweep backlogs, dead letters, and memory, over all shards; with
     --history, what happened per minute too."""
-    depot = extension(ctx).depot
+    rd = extension(ctx)
+    depot = rd.depot
     found = admin.status(depot)
+    paused = rd.paused()
     if as_json:
+        found = {**found, "paused": [pausing.json_entry(entry) for entry in paused]}
         emit({**found, "history": read_history(depot, minutes).as_dict()} if with_history else found, True)
         return
     retired = found["retired_shards"]
@@ -182,6 +187,7 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
         (f"  {worker}", f"{row['leases']:,} calls, renewed {span(row['renewed_seconds_ago'])} ago")
         for worker, row in found["workers"].items()
     ]
+    rows.append(("paused", pausing.status_line(paused)))
     rows.append(("limits", f"{len(found['limits']):,} (celery -A proj redisdelay limits)"))
     rows += [
         (

@@ -18,6 +18,7 @@ from ..store.depot import Depot, HoldsDepot, depot_of
 from .admin import worker_leases
 from .limits import LimitState, limit_states
 from .listing import server_ms
+from .pausing import paused
 
 #: Upper bounds of the release lateness buckets, in ms (release.lua's LATENESS_BOUNDS).
 LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
@@ -52,6 +53,8 @@ class Snapshot:
     #: every limit calls are under: what waits on it, what it holds, what it let go
     limits: dict[str, LimitState] = field(default_factory=dict)
     now: float = 0.0  # the Redis clock when the limits were read (s)
+    #: what is paused (see :func:`~celery_redisdelay.operations.pausing.paused`)
+    pauses: list[dict[str, Any]] = field(default_factory=list)
 
 
 def snapshot(depot: Depot) -> Snapshot:
@@ -84,6 +87,7 @@ def snapshot(depot: Depot) -> Snapshot:
         workers={worker: (row["leases"], row["renewed_ms"] / 1000) for worker, row in worker_leases(depot).items()},
         limits=limit_states(depot),
         now=server_ms(depot) / 1000,
+        pauses=paused(depot),
     )
 
 
@@ -107,6 +111,23 @@ def limit_metrics(ns: str, shot: Snapshot) -> Iterator[Any]:
             upcoming.add_metric([name], max(state.next_ms / 1000 - shot.now, 0.0))
         released.add_metric([name], state.released)
     yield from (waiting, keys, in_flight, upcoming, released)
+
+
+def pause_metrics(ns: str, shot: Snapshot) -> Iterator[Any]:
+    """What is paused: how many targets, and per task or queue the calls waiting on it and when it began."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    yield GaugeMetricFamily(f"{ns}_paused_targets", "Tasks and queues paused now.", value=len(shot.pauses))
+    waiting = GaugeMetricFamily(
+        f"{ns}_paused_calls", "Calls waiting in the store on a paused task or queue.", labels=["kind", "name"]
+    )
+    since = GaugeMetricFamily(
+        f"{ns}_paused_since_timestamp_seconds", "When a paused task or queue was paused.", labels=["kind", "name"]
+    )
+    for entry in shot.pauses:
+        waiting.add_metric([entry["kind"], entry["name"]], entry["waiting"])
+        since.add_metric([entry["kind"], entry["name"]], entry["since"].timestamp())
+    yield from (waiting, since)
 
 
 def oldest_release(releases: list[int | None]) -> float | None:
@@ -167,6 +188,7 @@ class RedisDelayCollector:
         yield leases
         yield renewed
         yield from limit_metrics(ns, shot)
+        yield from pause_metrics(ns, shot)
         for field_name, (name, help_text) in TOTALS.items():
             yield CounterMetricFamily(f"{ns}_{name}", help_text, value=shot.totals[field_name])
         yield HistogramMetricFamily(

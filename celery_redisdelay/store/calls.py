@@ -21,6 +21,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from ..errors import NotReplicatedError, StoreUnavailableError
+from . import pauses
 from .keys import Keyspace
 from .limits import Gate
 from .meta import CallMeta, Limits, decode_meta, gated_meta, meta_json
@@ -580,6 +581,56 @@ class CallStore:
     def purge_dead(self, step: int, bound: str) -> int:
         """Delete up to ``step`` of the oldest dead calls dead-lettered at or before ``bound`` (ms or ``+inf``)."""
         return int(self._run("purge_dead", [step, bound], "purge dead-lettered calls"))
+
+    # -- pauses (see store/pauses.py and lua/pause.lua) -----------------------------------------------
+
+    def _pause_script(self, args: Sequence[Any], action: str) -> Any:
+        """Run ``pause.lua`` with the store's keys (registered on the first use)."""
+        script = self.__dict__.get("_pause")
+        if script is None:
+            script = self.__dict__["_pause"] = self.client.register_script(pauses.pause_source())
+        with redis_errors(action):
+            return script(keys=self.keys.store_keys, args=list(args))
+
+    def pause(
+        self, kind: str, name: str, duration_ms: int | None, reason: str, lists: Sequence[str] = ()
+    ) -> tuple[int, int | None]:
+        """Pause a task or a queue (``kind``) here; a queue's ``lists`` are the broker lists its calls go to. A
+        target paused already keeps its start. (since, until) in ms, by this server's clock; until None: until
+        resumed."""
+        target = pauses.target_of(kind, name)
+        duration = "" if duration_ms is None else duration_ms
+        since, until = self._pause_script(["pause", target, kind, name, duration, reason, *lists], f"pause {target}")
+        return int(since), (int(until) if until not in (b"", "", None) else None)
+
+    def resume(self, kind: str, name: str) -> bool:
+        """End the pause of a task or a queue here: its calls go out with the next releases. Whether it was paused."""
+        target = pauses.target_of(kind, name)
+        return bool(self._pause_script(["resume", target], f"resume {target}"))
+
+    def hold_paused(self, call_id: str, worker: str = "", delivery: int = 0) -> int:
+        """A worker received delivery number ``delivery`` (0: not known) of a call whose target is paused: the call
+        leaves flight for its pause (1), unless it is not in flight here, another worker holds it or that delivery
+        is not its current one (0), or its target is no longer paused (-1)."""
+        return int(self._pause_script(["hold", call_id, worker, delivery], f"hold paused call {call_id}"))
+
+    def pause_records(self) -> tuple[int, dict[Any, Any]]:
+        """This server's time (ms) and the pauses hash as it is (see :func:`pauses.active_pauses`): one round trip."""
+        with redis_errors("read the pauses"):
+            if isinstance(self.client, RedisCluster):  # TIME goes to the key's node
+                found: Any = self.client.hgetall(self.keys.pauses)
+                return server_ms(self.client, self.keys.pauses), found
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hgetall(self.keys.pauses)
+            pipe.time()
+            records, (seconds, micros) = pipe.execute()
+        return int(seconds) * 1000 + int(micros) // 1000, records
+
+    def paused_count(self, target: str) -> int:
+        """How many calls wait on the pause of ``target`` here."""
+        with redis_errors(f"count the calls waiting on {target}"):
+            prefix = target.encode()
+            return int(self.client.zlexcount(self.keys.paused, b"[" + prefix + b"\0", b"(" + prefix + b"\1"))
 
     def validate_consume(self, keys: Sequence[str], number: int, fail_every: int) -> bool:
         """One delivery of a validation message (``keys`` are the run's): whether it is recorded as processed."""

@@ -1,7 +1,7 @@
 """Names of the Redis keys, built in one place.
 
 All keys of one call store share one hash tag (``{prefix}``, or ``{prefix:N}`` for the shards of
-``redisdelay_shards``), so every script runs on one Redis Cluster slot: the eighteen fixed keys, and the
+``redisdelay_shards``), so every script runs on one Redis Cluster slot: the twenty fixed keys, and the
 per-name keys of batch groups and locks. Validation runs use their own hash tag, one per run.
 """
 
@@ -123,8 +123,18 @@ class Keyspace:
         return self._key("waits")
 
     @property
+    def pauses(self) -> str:
+        """The paused tasks and queues: target (``task:<name>`` or ``queue:<name>``) -> its record (JSON)."""
+        return self._key("pauses")
+
+    @property
+    def paused(self) -> str:
+        """The calls waiting on a pause (a lex-ordered zset: target NUL due NUL id), in due order per target."""
+        return self._key("paused")
+
+    @property
     def store_keys(self) -> list[str]:
-        """The eighteen keys every store script receives, in the order the scripts expect."""
+        """The twenty keys every store script receives, in the order the scripts expect."""
         return [
             self.delayed,
             self.inflight,
@@ -144,6 +154,8 @@ class Keyspace:
             self.waits,
             self.held,
             self.holders,
+            self.pauses,
+            self.paused,
         ]
 
     def batch_items(self, group: str) -> str:

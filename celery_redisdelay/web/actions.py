@@ -1,6 +1,7 @@
 """The dashboard's actions (POST, each checked for its CSRF token and refused in read-only mode):
 run now, reschedule, cancel, requeue and purge, on one call, on the calls selected in a list, or on
-every call matching the list's filter; and setting a limit, or resetting it to the code's. The
+every call matching the list's filter; setting a limit, or resetting it to the code's; pausing and resuming a task
+or a queue. The
 destructive ones and every bulk one show a confirmation page first. Each step is the same bounded
 script call as the command line's (see :mod:`celery_redisdelay.operations.actions`); cancelling marks
 the calls REVOKED (``rd.cancel_many``).
@@ -17,6 +18,7 @@ from ..errors import ConfigurationError, ScheduleError
 from ..operations.actions import ACTION_LISTS, ACTION_STATES, act_on, act_on_matching
 from ..operations.limits import set_limit
 from ..operations.listing import server_ms
+from ..operations.pausing import PauseError
 from ..producer.schedule import resolve_due
 from ..store.limits import Limit
 from .board import dashboard
@@ -169,3 +171,37 @@ def limit(name: str) -> Response:
         return back
     flash(f"{name}: {chosen.describe()}; the next release goes by it.", "done")
     return back
+
+
+@blueprint.post("/pauses")
+def pause() -> Response:
+    """Pause a task or a queue from the form (``kind``, ``name``, ``for``: a duration or empty, ``reason``), as
+    ``celery -A proj redisdelay pause`` does."""
+    rd = dashboard().rd
+    kind, name = request.form.get("kind", ""), request.form.get("name", "").strip()
+    duration = request.form.get("for", "").strip() or None
+    try:
+        if kind not in ("task", "queue"):
+            raise PauseError("pause a task or a queue")
+        entry = rd.pause(**{kind: name}, seconds=duration, reason=request.form.get("reason", ""))
+    except PauseError as exc:
+        flash(f"nothing paused: {exc}", "error")
+    else:
+        flash(f"{entry['kind']} {entry['name']} paused: none of its calls starts until it is resumed.", "done")
+    return redirect(url_for("views.overview_page") + "#paused")
+
+
+@blueprint.post("/pauses/resume")
+def resume() -> Response:
+    """Resume a paused task or queue (``kind``, ``name``): its calls go out with the next releases."""
+    rd = dashboard().rd
+    kind, name = request.form.get("kind", ""), request.form.get("name", "")
+    try:
+        if kind not in ("task", "queue"):
+            raise PauseError("resume a task or a queue")
+        was = rd.resume(**{kind: name})
+    except PauseError as exc:
+        flash(f"nothing resumed: {exc}", "error")
+    else:
+        flash(f"{kind} {name} {'resumed' if was else 'was not paused'}.", "done")
+    return redirect(url_for("views.overview_page") + "#paused")

@@ -77,6 +77,7 @@ def create_app(
         app_name=rd.app.main,
         titles=STATE_TITLES,
         shards=rd.shards,
+        paused_targets=rd.paused,  # the banner of every page: called once per page
     )
     # Made once here, not by the first requests at the same time in several threads.
     rd.shards.all()

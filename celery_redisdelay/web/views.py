@@ -50,6 +50,7 @@ def overview_page() -> str:
         due=overview.due_histogram(rd),
         tasks=overview.task_chart(overview.tasks_sample(rd)),
         limits=overview.limit_rows(rd, status["limits"]),
+        paused=rd.paused(),
         **page_context(rd, "overview", counts),
     )
 

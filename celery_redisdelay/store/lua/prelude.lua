@@ -1,7 +1,7 @@
 -- prelude.lua: helpers prepended to every script of the call store. Ahead of it scripts.py defines
 -- MESSAGE_PREFIX and BATCH_PREFIX, how a stored broker message and a flushed batch begin (stored.py).
 --
--- Every script of the store receives the same eighteen keys first, all sharing one hash tag:
+-- Every script of the store receives the same twenty keys first, all sharing one hash tag:
 --   KEYS[1] delayed   zset  id -> due time (ms since the epoch, server clock)
 --   KEYS[2] inflight  zset  id -> deadline (ms)
 --   KEYS[3] dead      zset  id -> time it was dead-lettered (ms)
@@ -44,14 +44,19 @@
 --   KEYS[17] held    hash  limit instance -> calls in flight holding one of its concurrency slots; NUL limit -> the
 --       same summed over the limit's instances (a field that reaches 0 is deleted)
 --   KEYS[18] holders hash  id -> the limit instances whose slots the call in flight holds, one per line
+-- Pauses (see "Pauses" below, pause.lua and docs/pausing.rst):
+--   KEYS[19] pauses  hash  target ('task:<name>' or 'queue:<name>') -> the pause's record, JSON {"k": kind, "n": name,
+--       "s": since (ms), "u": until (ms; none: until resumed), "why": reason, "ls": a queue's lists, "r": 1 resumed}
+--   KEYS[20] paused  zset  (lex, score 0) target NUL due (15 digits) NUL id: the calls waiting on a pause
 -- Scripts that work on one batch group or one lock get its keys after these (same hash tag).
 
 local DELAYED, INFLIGHT, DEAD, PAYLOADS, META = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local INDEX, BATCHES, COUNTERS, WAKE, HISTORY = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local LIMITS, GATES, GATED, SLOTS, PACES, WAITS = KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local HELD, HOLDERS = KEYS[17], KEYS[18]
+local PAUSES, PAUSED = KEYS[19], KEYS[20]
 local EXPECTED_TYPES = {'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset', 'hash', 'zset', 'hash',
-    'hash', 'zset', 'zset', 'zset', 'zset', 'zset', 'hash', 'hash'}
+    'hash', 'zset', 'zset', 'zset', 'zset', 'zset', 'hash', 'hash', 'hash', 'zset'}
 local FIXED_KEYS = #EXPECTED_TYPES  -- a script's own keys come after these
 -- Precise releasers need no more markers than this: each one only says "look again now".
 local MOST_MARKERS = 16
@@ -422,6 +427,107 @@ end
 -- The member of GATED that stands for a call waiting in its gate.
 local function gated_member(gate, due, id)
     return gate .. NUL .. string.format('%015d', due) .. NUL .. id
+end
+
+-- Pauses. An operator pauses a task or a queue (pause.lua): its record in PAUSES. A call of a paused target that falls
+-- due is not released: the release moves it aside, into PAUSED (target NUL due NUL id, in due order per target), its
+-- metadata untouched, so that it goes out as it would have. A pause ends when it is resumed (its record says so,
+-- "r") or its "until" passes; the release then moves its calls back into the delay set at their due times, a step's
+-- worth at a time, and forgets the record once none is left. With no pause set, all this costs one EXISTS a script.
+local pauses_seen = nil  -- false: none; else {active = {target -> record}, lists = {list -> target}, ended = {...}}
+
+-- The pauses as this script sees them, read once (nil when there is none). A record that is not JSON ends (its calls
+-- go back): a damaged pause must hold nothing back for ever.
+local function load_pauses(now)
+    if pauses_seen == nil then
+        pauses_seen = false
+        if redis.call('EXISTS', PAUSES) == 1 then
+            local seen = {active = {}, lists = {}, ended = {}, any_active = false, next_end = false}
+            local fields = redis.call('HGETALL', PAUSES)
+            for i = 1, #fields, 2 do
+                local target = fields[i]
+                local ok, record = pcall(cjson.decode, fields[i + 1])
+                if not ok or type(record) ~= 'table' then
+                    record = {r = 1}
+                end
+                local ends = tonumber(record.u)
+                if record.r or (ends and ends <= now) then
+                    seen.ended[#seen.ended + 1] = target
+                else
+                    seen.active[target] = record
+                    seen.any_active = true
+                    if type(record.ls) == 'table' then
+                        for _, list in ipairs(record.ls) do
+                            seen.lists[list] = target
+                        end
+                    end
+                    if ends and (not seen.next_end or ends < seen.next_end) then
+                        seen.next_end = ends
+                    end
+                end
+            end
+            pauses_seen = seen
+        end
+    end
+    return pauses_seen or nil
+end
+
+-- The paused target a call of ``task`` for the broker list ``list`` waits on, or nil.
+local function paused_target(pauses, task, list)
+    if type(task) == 'string' and pauses.active['task:' .. task] then
+        return 'task:' .. task
+    end
+    if type(list) == 'string' then
+        return pauses.lists[list]
+    end
+    return nil
+end
+
+-- The same from a call's stored metadata text (decoded once per text: calls of one task share theirs); false for none.
+local pause_of_raw = {}
+local function paused_raw(pauses, raw)
+    local target = pause_of_raw[raw]
+    if target == nil then
+        local ok, meta = pcall(cjson.decode, raw)
+        target = ok and type(meta) == 'table' and paused_target(pauses, meta.t, meta.l) or false
+        pause_of_raw[raw] = target
+    end
+    return target
+end
+
+-- Put a call aside on its target's pause (it has left DELAYED, INFLIGHT or its gate).
+local function set_aside(target, due, id)
+    redis.call('ZADD', PAUSED, 0, target .. NUL .. string.format('%015d', due) .. NUL .. id)
+end
+
+-- Move up to ``most`` calls of an ended pause back into the delay set, at their due times (a call cancelled meanwhile,
+-- with no payload left, is dropped); the record goes once none is left. How many members were looked at.
+local function bring_back(target, most)
+    local low, high = lex_range(target)
+    local members = redis.call('ZRANGEBYLEX', PAUSED, low, high, 'LIMIT', 0, most)
+    for _, member in ipairs(members) do
+        redis.call('ZREM', PAUSED, member)
+        local due, id = string.match(string.sub(member, #target + 2), '^(%d+)%z(.+)$')
+        if id and redis.call('HEXISTS', PAYLOADS, id) == 1 then
+            redis.call('ZADD', DELAYED, tonumber(due), id)
+        end
+    end
+    if #members < most then
+        redis.call('HDEL', PAUSES, target)
+    end
+    return #members
+end
+
+-- The release's first step when pauses exist: the calls of ended pauses go back, ``most`` at most. How many.
+local function drain_pauses(pauses, most)
+    local looked = 0
+    for _, target in ipairs(pauses.ended) do
+        if looked >= most then
+            break
+        end
+        looked = looked + bring_back(target, most - looked)
+    end
+    return looked
 end
 
 -- A call leaves the worker that held it (swept, deferred behind a lock, dead-lettered): no one holds it, and

@@ -10,6 +10,8 @@
 -- A due call under limits (meta.lg) goes to its gate instead (see "Limits" in prelude.lua); the gates that may
 -- go now let their calls out, in due order, while their limits allow and the step has room left, and these
 -- calls then go as any other.
+-- A due call of a paused task or queue is moved aside instead (see "Pauses" in prelude.lua), once: it waits there, not in
+-- the delay set, until its pause ends; the calls of ended pauses come back first, a step's worth at most.
 -- Returns: {examined, pushed, now, next due, batch due, id, payload, deliveries, list, ...}: due ids looked at
 -- (gated calls let out included), calls pushed, the server's time (ms), when the next thing is due (the
 -- earliest call left in the delay set, a batch group's flush, or a gate's next look; '' when none) and 1 when a
@@ -61,6 +63,9 @@ local function bulk_read(command, key, args, each)
     end
 end
 
+-- When a pause ends (its until) or has calls left to bring back (now); false for never.
+local pause_next = false
+
 -- What a releaser needs to know when to look again: when the earliest call left or batch group is due, and
 -- whether a batch group is due now.
 local function looked_again(out, now)
@@ -73,6 +78,9 @@ local function looked_again(out, now)
     end
     if gate and (not earliest or gate < earliest) then
         earliest = gate
+    end
+    if pause_next and (not earliest or pause_next < earliest) then
+        earliest = pause_next
     end
     out[4] = earliest and string.format('%d', earliest) or ''
     out[5] = (group and group <= now) and 1 or 0
@@ -282,6 +290,13 @@ if #stale_paces > 0 then
     redis.call('ZREM', PACES, unpack(stale_paces))
 end
 local most_calls = tonumber(ARGV[1])
+local pauses = load_pauses(now)
+if pauses then
+    if drain_pauses(pauses, most_calls) > 0 then
+        pause_next = now
+    end
+    pause_next = pause_next or pauses.next_end
+end
 local rows = redis.call('ZRANGEBYSCORE', DELAYED, '-inf', now, 'WITHSCORES', 'LIMIT', 0, most_calls)
 local ids, dues = {}, {}
 for i = 1, #rows, 2 do
@@ -296,10 +311,26 @@ local raw_metas = #ids > 0 and redis.call('HMGET', META, unpack(ids)) or {}
 -- call, below); else it goes to its gate, behind the calls waiting there. The rest of the step lets gated
 -- calls out.
 local skipped, gated = {}, {}
+-- Due calls of paused targets are moved aside first, and skipped from here on.
+local paused = {}
+if pauses and pauses.any_active then
+    for i, id in ipairs(ids) do
+        local raw = raw_metas[i]
+        local target = payloads[i] and raw and paused_raw(pauses, raw)
+        if target then
+            set_aside(target, tonumber(dues[i]), id)
+            paused[#paused + 1] = id
+            skipped[i] = true
+        end
+    end
+    if #paused > 0 then
+        bulk('ZREM', DELAYED, paused)
+    end
+end
 local gate_of, step_gates = {}, {}  -- the gate of each due call under limits; the gates, once each
 for i = 1, #ids do
     local raw = raw_metas[i]
-    if payloads[i] and raw and string.find(raw, ',"lg":', 1, true) then
+    if not skipped[i] and payloads[i] and raw and string.find(raw, ',"lg":', 1, true) then
         local gate = gate_in(raw)
         if gate then
             gate_of[i] = gate
@@ -351,7 +382,7 @@ if #gated > 0 then
     count('limited', #gated)
 end
 local released_rows = {}  -- gated calls let out: {id, due, ...}, for the lateness counts
-local room = most_calls - #ids + #gated
+local room = most_calls - #ids + #gated + #paused
 if room > 0 then
     for _, gate in ipairs(redis.call('ZRANGEBYSCORE', GATES, '-inf', now, 'LIMIT', 0, room)) do
         local low, high = lex_range(gate)
@@ -363,7 +394,17 @@ if room > 0 then
             end
             local due_text, id = string.match(string.sub(first, #gate + 2), '^(%d+)%z(.+)$')
             local admitted, again = false, nil
-            if id then
+            -- A call of a paused target leaves its gate for its pause, its limits untouched.
+            local raw = id and pauses and pauses.any_active and redis.call('HGET', META, id)
+            local target = raw and paused_raw(pauses, raw)
+            if target then
+                redis.call('ZREM', GATED, first)
+                local meta = load_meta(id)
+                meta.s, meta.lw = 'delayed', nil
+                save_meta(id, meta)
+                set_aside(target, tonumber(due_text), id)
+                room = room - 1
+            elseif id then
                 admitted, again = admit(gate, id, now)
             else
                 redis.call('ZREM', GATED, first)  -- not written by this script: it names no call
@@ -393,7 +434,7 @@ if room > 0 then
 end
 out[1] = #ids
 write_limits()
-if #ids == #gated then
+if #ids == #gated + #paused then
     return looked_again(out, now)
 end
 local claim_deadline = now + tonumber(ARGV[2])

@@ -10,7 +10,9 @@
 -- slots it held, as store() does.
 -- KEYS[FIXED_KEYS + 1]: the queue list the message goes to (kombu's name, priority included).
 -- ARGV: 1 id, 2 payload, 3 meta JSON, 4 default queue timeout (ms)
--- Returns: {status, now}: status 1 pushed, 2 parked due now (not a message of this call)
+-- A call of a paused task or queue (see "Pauses" in prelude.lua) is stored and put aside on its pause, due now, instead
+-- of pushed: it goes out when the pause ends.
+-- Returns: {status, now}: status 1 pushed, 2 parked due now (not a message of this call, or paused)
 local lists, wrong_list = list_keys(FIXED_KEYS + 1)
 if wrong_list then
     return wrong_list
@@ -23,6 +25,18 @@ if not list or not message_for(id, payload, 1) or string.sub(meta_json, -#',"d":
     store(id, payload, meta_json, now)
     count('parked', 1)
     return {2, now}
+end
+local pauses = load_pauses(now)
+if pauses and pauses.any_active then
+    local ok, meta = pcall(cjson.decode, meta_json)
+    local target = ok and type(meta) == 'table' and paused_target(pauses, meta.t, meta.l or list)
+    if target then
+        store(id, payload, meta_json, now)
+        redis.call('ZREM', DELAYED, id)
+        set_aside(target, now, id)
+        count('parked', 1)
+        return {2, now}
+    end
 end
 if redis.call('HSETNX', META, id, meta_json) == 0 then
     local before = load_meta(id)
