@@ -105,6 +105,16 @@ def make_app(redis_server: RedisServer) -> Iterator[object]:
 
 
 @pytest.fixture
+def without(redis_server: RedisServer, queue: str) -> Iterator[Celery]:
+    """An app without the extension on the session's Redis, its default queue the test module's ``queue``
+    fixture: what Celery itself sends, to compare with."""
+    app = Celery("without", broker=f"{redis_server.url}/0", set_as_current=False)
+    app.conf.task_default_queue = queue
+    yield app
+    app.close()
+
+
+@pytest.fixture
 def rd(make_app: object) -> RedisDelay:
     """An extension on its own key prefix and its own (unconsumed) default queue."""
     _, extension = make_app()  # type: ignore[operator]

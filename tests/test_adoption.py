@@ -36,15 +36,6 @@ def adopting(make_app: MakeApp, queue: str) -> tuple[Celery, RedisDelay]:
     return make_app(redisdelay_all_tasks=True, task_default_queue=queue)
 
 
-@pytest.fixture
-def without(redis_server: RedisServer, queue: str) -> Iterator[Celery]:
-    """The same app without the extension: what Celery itself sends."""
-    app = Celery("without", broker=f"{redis_server.url}/0", set_as_current=False)
-    app.conf.task_default_queue = queue
-    yield app
-    app.close()
-
-
 def plain_tasks(app: Celery) -> dict[str, Any]:
     """The kinds of plain task a project has: ``@app.task``, a class-based task, a task of the app's own
     ``task_cls``, and one that opts out."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,6 +19,7 @@ from celery_redisdelay.errors import ConfigurationError, PayloadError, StoreUnav
 from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import pool_worker
 from tests.test_adoption import broker_messages, comparable, plain_tasks
+from tests.test_lease_workers import held
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 TRACKING = {"redisdelay_all_tasks": True, "redisdelay_track_due_now": True}
@@ -32,15 +33,6 @@ def queue() -> str:
 @pytest.fixture
 def tracking(make_app: MakeApp, queue: str) -> tuple[Celery, RedisDelay]:
     return make_app(task_default_queue=queue, **TRACKING)
-
-
-@pytest.fixture
-def without(redis_server: RedisServer, queue: str) -> Iterator[Celery]:
-    """The same app without the extension: what Celery itself sends."""
-    app = Celery("without", broker=f"{redis_server.url}/0", set_as_current=False)
-    app.conf.task_default_queue = queue
-    yield app
-    app.close()
 
 
 def tag(message: dict[str, Any]) -> str:
@@ -228,11 +220,6 @@ def test_a_killed_workers_calls_due_now_run_again_on_another_worker(redis_server
         assert all(starts[call_id] == ["second"] for call_id in quick), "a call that never started runs once"
         first.remove_files()
         broker.close()
-
-
-def held(run: Any, call_id: str) -> str | None:
-    found = run.rd.find(call_id)
-    return None if found is None else found.meta.get("h")
 
 
 def test_the_history_counts_a_tracked_call_as_parked_and_released(

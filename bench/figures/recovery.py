@@ -64,16 +64,20 @@ def one_side(
     ours are the plain task's calls due now, tracked (``app`` and the workers with ``redisdelay_track_due_now``)."""
     key = f"bench:recovery:{uuid.uuid4().hex}"
     task = app.sleeper if ours and not tracked else app.plain_sleeper
-    first = ctx.processes.worker(
-        "recovery-first",
-        queues=RECOVERY_QUEUE,
-        concurrency=1,
-        precise=True,
-        prefetch=PREFETCH,
-        lease=lease,
-        all_tasks=tracked,
-        track=tracked,
-    )
+
+    def worker(name: str) -> Any:
+        return ctx.processes.worker(
+            name,
+            queues=RECOVERY_QUEUE,
+            concurrency=1,
+            precise=True,
+            prefetch=PREFETCH,
+            lease=lease,
+            all_tasks=tracked,
+            track=tracked,
+        )
+
+    first = worker("recovery-first")
     long = task.apply_async((key, LONG_SECONDS), queue=RECOVERY_QUEUE).id
     wait_for(lambda: any(s[0] == long for s in starts(ctx, key)), 60, "the long call to start")
     quick = [task.apply_async((key, 0.0), queue=RECOVERY_QUEUE).id for _ in range(prefetched)]
@@ -84,16 +88,7 @@ def one_side(
             return all(str(held_by(app, call_id)).startswith("recovery-first@") for call_id in quick)
 
         wait_for(all_held, 60, "the first worker to hold every call")
-    second = ctx.processes.worker(
-        "recovery-second",
-        queues=RECOVERY_QUEUE,
-        concurrency=1,
-        precise=True,
-        prefetch=PREFETCH,
-        lease=lease,
-        all_tasks=tracked,
-        track=tracked,
-    )
+    second = worker("recovery-second")
     killed_ms = server_ms(ctx.client)
     ctx.processes.stop(first, kill=True)
     ctx.client.set(f"{key}:awake", 1)  # the long call, run again, ends at once
