@@ -33,6 +33,7 @@ WAIT = 10.0
 EMPTY = {
     "delayed": 0,
     "limited": 0,
+    "paused": 0,
     "inflight": 0,
     "dead": 0,
     "due": 0,

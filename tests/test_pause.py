@@ -26,6 +26,7 @@ from celery_redisdelay.operations.metrics import RedisDelayCollector
 from celery_redisdelay.operations.pausing import MOST_REASON, PauseError, parse_duration
 from celery_redisdelay.release.releaser import TickReport
 from celery_redisdelay.testing import RedisServer, wait_for
+from celery_redisdelay.testing.processes import kill_group
 from celery_redisdelay.testing.topologies import LocalCluster
 from celery_redisdelay.web.app import create_app
 from celery_redisdelay.worker.pausing import PausedCalls
@@ -164,8 +165,8 @@ def test_parked_calls_wait_while_paused_and_go_in_due_order_after_resume(rd: Red
     rd.tick()
     assert sorted(queued_ids(client, queue)) == sorted(other_ids), "the other task's calls run on"
     assert rd.paused()[0]["waiting"] == 6
-    assert rd.stats()["delayed"] == 0, "moved aside, out of the delay set"
-    assert all(rd.find(call_id) is None for call_id in paused_ids), "in none of delayed, inflight, dead (see docs)"
+    assert client.zcard(rd.keys.delayed) == 0, "moved aside, out of the delay set"
+    assert rd.stats()["paused"] == 6 and rd.stats()["delayed"] == 6, "still parked, for an operator"
     # Later releases do not look at them again.
     rd.tick()
     assert len(queued_ids(client, queue)) == 3
@@ -252,6 +253,82 @@ def test_a_call_in_a_gate_leaves_it_for_the_pause(rd: RedisDelay, client: redis.
     rd.resume(task="pause.limited")
     rd.tick()
     assert queued_ids(client, queue) == ids[:2], "back under its limits: one slot"
+
+
+# -- what an operator sees of a paused call: find, cancel, stats ------------------------------------------------------
+
+
+def test_find_and_stats_show_a_paused_call(rd: RedisDelay, client: redis.Redis) -> None:
+    alpha, beta = tasks_of(rd)
+    queue = rd.app.conf.task_default_queue
+    rd.pause(task="pause.alpha")
+    ids = park_due(alpha, 3)
+    park_due(beta, 1, first=10)
+    parked_meta = client.hmget(rd.keys.meta, ids)
+    dues = [client.zscore(rd.keys.delayed, call_id) for call_id in ids]
+    rd.tick()
+    for call_id, due in zip(ids, dues, strict=True):
+        found = rd.find(call_id)
+        assert found is not None, "a paused call is still parked"
+        assert found.state == "delayed" and found.meta["s"] == "paused" and found.score_ms == due
+        assert found.envelope is not None
+    stats = rd.stats()
+    assert stats["paused"] == 3 and stats["delayed"] == 3
+    assert stats["due"] == 0, "no releaser is behind with a paused call"
+    rd.resume(task="pause.alpha")
+    rd.tick()
+    assert queued_ids(client, queue)[1:] == ids
+    assert client.hmget(rd.keys.meta, ids) == parked_meta, "back with its metadata as it left"
+    assert all(rd.find(call_id).state == "inflight" for call_id in ids)  # type: ignore[union-attr]
+    assert rd.stats()["paused"] == 0
+
+
+def test_cancel_drops_a_paused_call(rd: RedisDelay, client: redis.Redis) -> None:
+    alpha, _ = tasks_of(rd)
+    queue = rd.app.conf.task_default_queue
+    rd.pause(task="pause.alpha")
+    ids = park_due(alpha, 4)
+    rd.tick()
+    assert rd.cancel(ids[1]) is True
+    assert rd.cancel(ids[1]) is False, "cancelled once"
+    assert rd.cancel_many([ids[2], "unknown-id"]) == [ids[2]]
+    assert rd.find(ids[1]) is None and rd.find(ids[2]) is None
+    assert int(client.hget(rd.keys.counters, "cancelled") or 0) == 2
+    assert rd.paused()[0]["waiting"] == 2 and rd.stats()["paused"] == 2
+    rd.resume(task="pause.alpha")
+    rd.tick()
+    assert queued_ids(client, queue) == [ids[0], ids[3]], "the cancelled calls do not go out"
+    assert rd.paused() == [] and client.zcard(rd.keys.paused) == 0
+
+
+def test_cancel_drops_a_call_a_worker_held_back_and_one_that_left_its_gate(rd: RedisDelay, client: redis.Redis) -> None:
+    alpha, _ = tasks_of(rd)
+
+    @rd.delayed(name="pause.limited", limit_concurrency=1)
+    def limited(n: int) -> int:
+        return n
+
+    queue = rd.app.conf.task_default_queue
+    [held] = park_due(alpha, 1)
+    gated = park_due(limited, 2, first=10)
+    rd.tick()
+    assert sorted(queued_ids(client, queue)) == sorted([held, gated[0]]), "one slot: the other waits in its gate"
+    rd.pause(task="pause.alpha")
+    rd.pause(task="pause.limited")
+    assert rd.store.hold_paused(held, "w1", 1) == 1
+    rd.store.ack(gated[0])
+    rd.tick()  # the gated call leaves its gate for its pause
+    client.delete(queue)
+    for call_id in (held, gated[1]):
+        found = rd.find(call_id)
+        assert found is not None and found.state == "delayed" and found.meta["s"] == "paused", call_id
+    assert rd.stats()["paused"] == 2
+    assert rd.cancel_many([held, gated[1]]) == [held, gated[1]]
+    assert rd.stats()["paused"] == 0 and rd.stats()["delayed"] == 0
+    rd.resume(task="pause.alpha")
+    rd.resume(task="pause.limited")
+    rd.tick()
+    assert client.llen(queue) == 0, "neither goes out after the resume"
 
 
 # -- calls due now and calls in flight --------------------------------------------------------------------------
@@ -359,6 +436,116 @@ def test_queued_calls_do_not_start_on_a_worker_while_paused(redis_server: RedisS
         wait_for(lambda: (run.rd.tick() or True) and run.settled(), 30, "the store to settle")
         ran = [note["id"] for note in run.notes(key)]
         assert sorted(ran) == sorted(parked + sent), "each once"
+
+
+def started_ids(run: Any, key: str) -> list[str]:
+    """The ids of the calls noted under ``key`` (``pools.record`` notes each run, ``pools.sleep`` its start)."""
+    return [note["id"] for note in run.notes(key) if note.get("at", "start") == "start"]
+
+
+@pytest.mark.e2e
+def test_a_pause_holds_on_two_workers_and_every_call_runs_once_after_the_resume(redis_server: RedisServer) -> None:
+    """The issue's target, scaled down: with two workers busy, 20 calls of a task wait in the broker's queue when it
+    is paused, and 60 more fall due over 5 s; none starts until the resume, then all start within 2 s, each once.
+    Another task's calls run meanwhile. The workers release (precise releasers), no beat."""
+    with pool_worker(
+        redis_server, "prefork", concurrency=2, hostname="first@%h", start=False, redisdelay_precise_release=True
+    ) as run:
+        second = run.new_worker("second@%h")
+        try:
+            run.worker.start()
+            second.start()
+            for one in (run.worker, second):
+                wait_for(lambda one=one: "ready." in one.output(), 60, "both workers to be ready")
+            record, sleep = run.task("pools.record"), run.task("pools.sleep")
+            queue = run.app.conf.task_default_queue
+            key, busy, other = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("paused", "busy", "other"))
+            broker = redis.Redis.from_url(run.conf["broker_url"])
+            # Both workers busy: two calls running on each, and one more taken by each process (prefetch 1).
+            for _ in range(8):
+                sleep.apply_async((busy, 3), countdown=0)
+            wait_for(lambda: len(started_ids(run, busy)) >= 4 and broker.llen(queue) == 0, 30, "the workers busy")
+            queued = [record.apply_async((key, i), countdown=0).id for i in range(20)]
+            wait_for(lambda: broker.llen(queue) == 20, 10, "the 20 calls to wait in the broker's queue")
+            paused_at = time.time()
+            run.rd.pause(task="pools.record", reason="incident")
+            falling = [record.apply_async((key, 100 + i), countdown=0.1 + i * 5 / 60).id for i in range(60)]
+            others = [sleep.apply_async((other, 0), countdown=0.5 * i).id for i in range(10)]
+            wait_for(lambda: run.rd.paused()[0]["waiting"] == 80, 30, "all 80 calls to wait on the pause")
+            wait_for(lambda: sorted(started_ids(run, other)) == sorted(others), 30, "the other task's calls to run")
+            assert started_ids(run, key) == [], "no call of the paused task started"
+            time.sleep(max(0.0, paused_at + 7 - time.time()))
+            assert started_ids(run, key) == [] and run.rd.paused()[0]["waiting"] == 80
+            resumed_at = time.time()
+            assert run.rd.resume(task="pools.record")
+            wait_for(lambda: len(started_ids(run, key)) >= 80, 60, "every call to run after the resume")
+            notes = run.notes(key)
+            assert sorted(note["id"] for note in notes) == sorted(queued + falling), "each once"
+            starts = [note["at_ms"] / 1000 - resumed_at for note in notes]
+            assert min(starts) >= 0, "none before the resume"
+            assert max(starts) < 2, f"all within 2 s of the resume (the last after {max(starts):.2f} s)"
+            assert len({note["pid"] for note in notes}) > 1, "run by more than one process"
+            wait_for(run.settled, 30, "the store to settle")
+            time.sleep(1)
+            assert len(run.notes(key)) == 80, "none ran twice"
+            broker.close()
+        except BaseException:
+            print(second.output()[-6000:])
+            raise
+        finally:
+            second.stop()
+            second.remove_files()
+
+
+@pytest.mark.e2e
+def test_a_pause_holds_across_a_sigkill_of_the_worker_and_of_redis() -> None:
+    """Faults while two tasks are paused: the worker and Redis (with AOF, fsync always) are SIGKILLed and started
+    again, with calls parked, calls falling due and calls Celery sent itself waiting in the broker's queue for the new
+    worker. The pauses still hold (no call of them starts), and after the resume every call runs, each once: none
+    lost."""
+    server = RedisServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    try:
+        with pool_worker(
+            server, "prefork", concurrency=2, redisdelay_precise_release=True, redisdelay_all_tasks=True
+        ) as run:
+            record, plain, sleep = run.task("pools.record"), run.task("plain.record"), run.task("pools.sleep")
+            key, other = f"paused-{uuid.uuid4().hex[:8]}", f"other-{uuid.uuid4().hex[:8]}"
+            queue = run.app.conf.task_default_queue
+            run.rd.pause(task="pools.record", reason="incident")
+            run.rd.pause(task="plain.record", reason="incident")
+            before = [record.apply_async((key, i), countdown=0.1 + i * 0.1).id for i in range(30)]
+            wait_for(lambda: waiting(run) == 30, 30, "30 calls to wait on the pause")
+            run.worker.kill()
+            assert server.process is not None
+            kill_group(server.process)  # as a crash would: no save at exit; the AOF has every write
+            server.process.wait(10)
+            server.process = None
+            server.start()
+            pauses = run.rd.paused()
+            assert [one["reason"] for one in pauses] == ["incident"] * 2 and waiting(run) == 30, "all survived"
+            # Calls Celery sends itself wait in the broker's queue for the new worker, which holds them back.
+            sent = [plain.apply_async((key, 200 + i)).id for i in range(5)]
+            with redis.Redis.from_url(run.conf["broker_url"]) as broker:
+                assert broker.llen(queue) == 5
+            run.restart_after_kill()
+            after = [record.apply_async((key, 100 + i), countdown=0.1 + i * 0.2).id for i in range(10)]
+            others = [sleep.apply_async((other, 0), countdown=0.2 * i).id for i in range(5)]
+            wait_for(lambda: sorted(started_ids(run, other)) == sorted(others), 30, "the other task's calls to run")
+            wait_for(lambda: (run.rd.tick() or True) and waiting(run) == 45, 30, "the later calls to wait too")
+            time.sleep(1)
+            assert started_ids(run, key) == [], "no call of a paused task started"
+            assert run.rd.resume(task="pools.record") and run.rd.resume(task="plain.record")
+            wait_for(lambda: len(started_ids(run, key)) >= 45, 60, "every call to run after the resume")
+            wait_for(lambda: (run.rd.tick() or True) and run.settled(), 30, "the store to settle")
+            time.sleep(1)
+            assert sorted(started_ids(run, key)) == sorted(before + after + sent), "none lost, each once"
+    finally:
+        server.stop()
+
+
+def waiting(run: Any) -> int:
+    """The calls waiting on every pause of ``run``'s store."""
+    return sum(one["waiting"] for one in run.rd.paused())
 
 
 # -- the command line --------------------------------------------------------------------------------------------

@@ -303,6 +303,7 @@ def test_concurrent_releasers_publish_each_call_exactly_once(make_app: MakeApp, 
             "batch_groups": 0,
             "batch_items": 0,
             "limited": 0,
+            "paused": 0,
         }
     finally:
         client.delete(queue)
@@ -377,6 +378,7 @@ def test_broker_unreachable_gives_the_claimed_calls_back(
         "batch_groups": 0,
         "batch_items": 0,
         "limited": 0,
+        "paused": 0,
     }
 
 

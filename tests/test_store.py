@@ -108,6 +108,7 @@ def test_life_of_a_call_park_claim_confirm_start_ack(rd: RedisDelay, client: red
         "batch_groups": 0,
         "batch_items": 0,
         "limited": 0,
+        "paused": 0,
     }
     assert store.ack("call-1") is False, "a second ack finds nothing"
 
@@ -449,6 +450,7 @@ def test_stats_counts_every_state(rd: RedisDelay, client: redis.Redis) -> None:
         "batch_groups": 0,
         "batch_items": 0,
         "limited": 0,
+        "paused": 0,
     }
     now = redis_ms(client)
     store = rd.store
@@ -467,6 +469,7 @@ def test_stats_counts_every_state(rd: RedisDelay, client: redis.Redis) -> None:
         "batch_groups": 0,
         "batch_items": 0,
         "limited": 0,
+        "paused": 0,
     }
     assert [c.id for c in store.claim(1, LONG_MS)] == ["running"]
     assert [c.id for c in store.claim(1, 1)] == ["expiring"]
@@ -481,6 +484,7 @@ def test_stats_counts_every_state(rd: RedisDelay, client: redis.Redis) -> None:
         "batch_groups": 0,
         "batch_items": 0,
         "limited": 0,
+        "paused": 0,
     }
     assert [e.id for e in store.entries("delayed")] == ["due-1", "due-2", "future"]
     assert [e.id for e in store.entries("inflight")] == ["expiring", "running"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import redis
 from redis.cluster import RedisCluster
@@ -29,7 +29,8 @@ from .scripts import Scripts
 
 STATES = ("delayed", "inflight", "dead")
 #: The lists an operator reads: the states, and the due calls held by their limits (delayed calls too, waiting in
-#: their gates: :meth:`CallStore.find` says "delayed", with the phase "limited").
+#: their gates: :meth:`CallStore.find` says "delayed", with the phase "limited"). A call set aside on a pause is
+#: delayed too (:meth:`CallStore.find`: the phase "paused"); ``rd.paused()`` counts them per target.
 LISTS = ("delayed", "limited", "inflight", "dead")
 
 #: ``park_keyed`` statuses.
@@ -94,6 +95,21 @@ def server_ms(client: Any, key: str) -> int:
 
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+def paused_member(target: str, due_ms: int, call_id: str) -> bytes:
+    """The member of the paused set of a call set aside on ``target`` (target NUL due NUL id, see prelude.lua)."""
+    return f"{target}\0{due_ms:015d}\0{call_id}".encode()
+
+
+def pause_note(meta: CallMeta) -> tuple[str, int] | None:
+    """Where a call set aside on a pause waits, as its metadata notes it (``pz``, ``pd``: its target and due time,
+    see ``set_aside`` in prelude.lua), or None."""
+    fields: dict[str, Any] = dict(meta)
+    target, due = fields.get("pz"), fields.get("pd")
+    if isinstance(target, str) and isinstance(due, (int, float)) and not isinstance(due, bool):
+        return target, int(due)
+    return None
 
 
 def gated_entry(member: bytes) -> tuple[str, float]:
@@ -489,7 +505,8 @@ class CallStore:
 
     def stats(self) -> dict[str, int]:
         """Counts per state, how many delayed calls are already due (overdue), and batch groups and items.
-        Delayed calls include those due and waiting on their limits (``limited``)."""
+        Delayed calls include those due and waiting on their limits (``limited``, counted in ``due``) and those set
+        aside on a pause (``paused``, not counted in ``due``: no releaser is behind with them)."""
         with redis_errors("read the store's counts"):
             pipe = self.client.pipeline(transaction=False)
             pipe.zcard(self.keys.delayed)
@@ -498,13 +515,15 @@ class CallStore:
             pipe.zcard(self.keys.batches)
             pipe.hget(self.keys.counters, "batch_items")
             pipe.zcard(self.keys.gated)
-            delayed, inflight, dead, groups, items, limited = pipe.execute()
+            pipe.zcard(self.keys.paused)
+            delayed, inflight, dead, groups, items, limited, paused = pipe.execute()
             now_ms = server_ms(self.client, self.keys.delayed)
             overdue = self.client.zcount(self.keys.delayed, "-inf", now_ms)
             expired = self.client.zcount(self.keys.inflight, "-inf", now_ms)
         return {
-            "delayed": delayed + limited,
+            "delayed": delayed + limited + paused,
             "limited": limited,
+            "paused": paused,
             "inflight": inflight,
             "dead": dead,
             "due": overdue + limited,
@@ -528,6 +547,13 @@ class CallStore:
         meta = decode_meta(meta_raw)
         if meta.get("s") == "limited" and "lw" in meta:  # due, waiting in its gate for its limits: still parked
             return Entry(call_id, "delayed", float(meta["lw"]), meta, envelope)
+        noted = pause_note(meta)
+        if noted is not None:  # set aside on a pause: still parked, if its member says so
+            target, due_ms = noted
+            with redis_errors(f"look up call {call_id}"):
+                waits = self.client.zscore(self.keys.paused, paused_member(target, due_ms, call_id)) is not None
+            if waits:
+                return Entry(call_id, "delayed", float(due_ms), cast(CallMeta, {**meta, "s": "paused"}), envelope)
         return None
 
     def entries(self, state: str, limit: int = 100, offset: int = 0) -> list[Entry]:

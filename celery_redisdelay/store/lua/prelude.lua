@@ -431,9 +431,10 @@ end
 
 -- Pauses. An operator pauses a task or a queue (pause.lua): its record in PAUSES. A call of a paused target that falls
 -- due is not released: the release moves it aside, into PAUSED (target NUL due NUL id, in due order per target), its
--- metadata untouched, so that it goes out as it would have. A pause ends when it is resumed (its record says so,
--- "r") or its "until" passes; the release then moves its calls back into the delay set at their due times, a step's
--- worth at a time, and forgets the record once none is left. With no pause set, all this costs one EXISTS a script.
+-- metadata as it was but for a note of where it waits (set_aside), so that it goes out as it would have. A pause ends
+-- when it is resumed (its record says so, "r") or its "until" passes; the release then moves its calls back into the
+-- delay set at their due times, a step's worth at a time, and forgets the record once none is left. With no pause set,
+-- all this costs one EXISTS a script.
 local pauses_seen = nil  -- false: none; else {active = {target -> record}, lists = {list -> target}, ended = {...}}
 
 -- The pauses as this script sees them, read once (nil when there is none). A record that is not JSON ends (its calls
@@ -495,13 +496,54 @@ local function paused_raw(pauses, raw)
     return target
 end
 
--- Put a call aside on its target's pause (it has left DELAYED, INFLIGHT or its gate).
-local function set_aside(target, due, id)
-    redis.call('ZADD', PAUSED, 0, target .. NUL .. string.format('%015d', due) .. NUL .. id)
+-- The member of PAUSED of a call set aside on ``target``, due at ``due``.
+local function paused_member(target, due, id)
+    return target .. NUL .. string.format('%015d', due) .. NUL .. id
 end
 
--- Move up to ``most`` calls of an ended pause back into the delay set, at their due times (a call cancelled meanwhile,
--- with no payload left, is dropped); the record goes once none is left. How many members were looked at.
+-- A call set aside notes where in its metadata: "pz" its target, "pd" its due time (so cancel.lua removes its
+-- member at once, and CallStore.find and stats see it). The note is added at the end of the metadata's text as it
+-- is, and bring_back takes exactly that away again: a call comes back with its metadata as it left.
+local function pause_note(target, due)
+    return ',"pz":' .. cjson.encode(target) .. ',"pd":' .. string.format('%d', due) .. '}'
+end
+
+-- Put a call aside on its target's pause (it has left DELAYED, INFLIGHT or its gate), its metadata saved before.
+local function set_aside(target, due, id)
+    redis.call('ZADD', PAUSED, 0, paused_member(target, due, id))
+    local raw = redis.call('HGET', META, id)
+    if not raw then
+        return
+    end
+    local ok, meta = pcall(cjson.decode, raw)
+    if ok and type(meta) == 'table' and meta.pz == nil and meta.pd == nil and string.sub(raw, -1) == '}'
+            and next(meta) ~= nil then
+        redis.call('HSET', META, id, string.sub(raw, 1, -2) .. pause_note(target, due))
+    else
+        meta = load_meta(id)  -- empty, or noted before: written again whole
+        meta.pz, meta.pd = target, due
+        save_meta(id, meta)
+    end
+end
+
+-- The note of set_aside taken away from a call's metadata (it is back in the delay set, or gone).
+local function unnote(id, target, due)
+    local raw = redis.call('HGET', META, id)
+    if not raw then
+        return
+    end
+    local note = pause_note(target, due)
+    if #raw > #note and string.sub(raw, -#note) == note then
+        redis.call('HSET', META, id, string.sub(raw, 1, -#note - 1) .. '}')
+    elseif string.find(raw, '"pz":', 1, true) then
+        local meta = load_meta(id)
+        meta.pz, meta.pd = nil, nil
+        save_meta(id, meta)
+    end
+end
+
+-- Move up to ``most`` calls of an ended pause back into the delay set, at their due times, their notes taken away (a
+-- call gone meanwhile, with no payload left, is dropped); the record goes once none is left. How many were looked at.
 local function bring_back(target, most)
     local low, high = lex_range(target)
     local members = redis.call('ZRANGEBYLEX', PAUSED, low, high, 'LIMIT', 0, most)
@@ -510,6 +552,7 @@ local function bring_back(target, most)
         local due, id = string.match(string.sub(member, #target + 2), '^(%d+)%z(.+)$')
         if id and redis.call('HEXISTS', PAYLOADS, id) == 1 then
             redis.call('ZADD', DELAYED, tonumber(due), id)
+            unnote(id, target, tonumber(due))
         end
     end
     if #members < most then
