@@ -41,6 +41,10 @@ release_limited
     Calls/s of ``rd.tick()`` releasing 20,000 [2,000] due calls of a task limited per key (100,000/s and 1,000 in
     flight per key, wide enough to let every call go) over 1,000 keys, against the same calls of the same task
     without limits; the sides take turns over two rounds after a warm-up round. Target: >= 0.5x.
+release_paused
+    Calls/s of ``rd.tick()`` releasing release_limited's calls without limits while 100 other tasks are paused (the
+    pauses match no call), against the same calls with no pause; the sides take turns over two rounds after a
+    warm-up. Target: >= 0.9x.
 worker_memory
     RSS growth of a fresh ``--pool solo`` worker's process (VmRSS of the process that holds prefetched
     messages) when 50,000 [2,000] calls are parked with countdown=3600 for its queue, against a second

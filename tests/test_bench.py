@@ -21,6 +21,7 @@ FIGURES = (
     "send_due_now",
     "release",
     "release_limited",
+    "release_paused",
     "history_cost",
     "release_cluster",
     "worker_memory",

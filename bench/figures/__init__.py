@@ -20,6 +20,7 @@ from .redis_memory import redis_memory_per_call
 from .release import release
 from .release_cluster import release_cluster
 from .release_limited import release_limited
+from .release_paused import release_paused
 from .worker_memory import worker_memory
 
 Figure = Callable[[Context], dict[str, Any]]
@@ -30,6 +31,7 @@ FIGURES: dict[str, Figure] = {
     "send_due_now": send_due_now,
     "release": release,
     "release_limited": release_limited,
+    "release_paused": release_paused,
     "history_cost": history_cost,
     "worker_memory": worker_memory,
     "lateness": lateness,
