@@ -301,8 +301,8 @@ def test_a_misspelt_setting_is_refused_at_the_extension_naming_the_closest(make_
 def test_a_misspelt_setting_of_a_configured_app_is_refused(redis_server: RedisServer) -> None:
     app = Celery("settings-misspelt", broker=f"{redis_server.url}/0", set_as_current=False)
     try:
+        assert app.conf.broker_url  # configured now: what is set next is a change of the configured app
         app.conf.redisdelay_lese = 60.0
-        assert app.conf.broker_url  # configured now
         with pytest.raises(ConfigurationError, match=r"redisdelay_lese .* redisdelay_lease\?.*nothing was stored"):
             RedisDelay(app)
         del app.conf["redisdelay_lese"]
