@@ -340,7 +340,9 @@ class RedisDelay:
         """``app.send_task`` of this app: a call by name to one of its delayed tasks is parked as
         ``task.apply_async`` would park it (the message is still the one ``send_task`` builds); with
         ``redisdelay_all_tasks``, so is a call of a plain task of the app with a countdown or an eta in the
-        future (``apply_async``, signatures and retries all come here); any other call is Celery's own."""
+        future (``apply_async``, signatures and retries all come here), and with ``redisdelay_track_due_now`` too, its
+        call due now is stored in flight and queued in one script (:func:`~.producer.parking.store_call`); any other
+        call is Celery's own."""
         if isinstance(kwargs.get("producer"), ParkingProducer):
             return self.celery_send_task(name, *args, **kwargs)  # our own park going through Celery
         track = kwargs.pop(TRACK_OPTION, None)  # a call's own opt-out: apply_async(..., redisdelay_track=False)
