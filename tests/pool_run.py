@@ -64,6 +64,15 @@ class PoolRun:
     def notes(self, key: str) -> list[dict[str, Any]]:
         return [json.loads(raw) for raw in self.marks.lrange(key, 0, -1)]
 
+    def starts_by_worker(self, key: str) -> dict[str, list[str]]:
+        """The workers (their name before the ``@``) each call started on, in order, from the ``at: start`` notes
+        of tasks that name their worker (``pools.sleep``, ``plain.sleep``)."""
+        starts: dict[str, list[str]] = {}
+        for note in self.notes(key):
+            if note.get("at") == "start":
+                starts.setdefault(note["id"], []).append(note["worker"].split("@")[0])
+        return starts
+
     def state(self, call_id: str) -> str | None:
         """The state a call's metadata records (``delayed``, ``deferred``, ``running``...), None when unknown."""
         found = self.rd.find(call_id)

@@ -69,10 +69,7 @@ def test_a_killed_workers_calls_run_again_on_another_worker(
             missing = {call_id: where(run, call_id) for call_id in {long.id, *quick} - on_second()}
             raise AssertionError(f"not run on the second worker: {missing}") from None
         wait_for(lambda: run.rd.stats()["delayed"] == 0, 30, "nothing parked")
-        starts: dict[str, list[str]] = {}
-        for note in run.notes(key):
-            if note["at"] == "start":
-                starts.setdefault(note["id"], []).append(note["worker"].split("@")[0])
+        starts = run.starts_by_worker(key)
         assert starts[long.id] == ["first", "second"], "the run cut short runs again"
         assert all(starts[call_id] == ["second"] for call_id in quick), "a call that never started runs once"
         first.remove_files()

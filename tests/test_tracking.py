@@ -212,10 +212,7 @@ def test_a_killed_workers_calls_due_now_run_again_on_another_worker(redis_server
 
         wait_for(lambda: on_second() >= {long.id, *quick}, 60, "every call of the killed worker to run again")
         wait_for(run.settled, 30, "every call to be acknowledged")
-        starts: dict[str, list[str]] = {}
-        for note in run.notes(key):
-            if note["at"] == "start":
-                starts.setdefault(note["id"], []).append(note["worker"].split("@")[0])
+        starts = run.starts_by_worker(key)
         assert starts[long.id] == ["first", "second"], "the run cut short runs again"
         assert all(starts[call_id] == ["second"] for call_id in quick), "a call that never started runs once"
         first.remove_files()
