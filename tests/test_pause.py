@@ -461,9 +461,11 @@ def test_a_pause_holds_on_two_workers_and_every_call_runs_once_after_the_resume(
             queue = run.app.conf.task_default_queue
             key, busy, other = (f"{name}-{uuid.uuid4().hex[:8]}" for name in ("paused", "busy", "other"))
             broker = redis.Redis.from_url(run.conf["broker_url"])
-            # Both workers busy: two calls running on each, and one more taken by each process (prefetch 1).
+            # Both workers busy: two calls running on each, and one more taken by each process (prefetch 1), for
+            # 12 s in all, so that the 20 calls below still wait in the broker's queue when the pause comes, however
+            # slow the machine is in between.
             for _ in range(8):
-                sleep.apply_async((busy, 3), countdown=0)
+                sleep.apply_async((busy, 6), countdown=0)
             wait_for(lambda: len(started_ids(run, busy)) >= 4 and broker.llen(queue) == 0, 30, "the workers busy")
             queued = [record.apply_async((key, i), countdown=0).id for i in range(20)]
             wait_for(lambda: broker.llen(queue) == 20, 10, "the 20 calls to wait in the broker's queue")
@@ -485,8 +487,7 @@ def test_a_pause_holds_on_two_workers_and_every_call_runs_once_after_the_resume(
             assert min(starts) >= 0, "none before the resume"
             assert max(starts) < 2, f"all within 2 s of the resume (the last after {max(starts):.2f} s)"
             assert len({note["pid"] for note in notes}) > 1, "run by more than one process"
-            wait_for(run.settled, 30, "the store to settle")
-            time.sleep(1)
+            wait_for(run.settled, 30, "the store to settle")  # nothing left in flight to run again
             assert len(run.notes(key)) == 80, "none ran twice"
             broker.close()
         except BaseException:
