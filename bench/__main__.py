@@ -115,6 +115,14 @@ limits
     calls/s and the most started in one second. Target: >= 0.95x the limit, <= 21 in a second. Then 1,000 [100]
     keys at 1/s each, a call per key due at one instant: the latest start after the due time, against the
     same calls without limits. Target: <= 2 s.
+pause_fleet
+    A task paused on two ``-P prefork -c 2`` workers (prefetch 4, precise releasers): 50 [10] of its calls wait in
+    the broker's queue behind both workers' full prefetch when the pause is set (the workers come free 1 s later),
+    200 [40] more fall due over 30 [4] s, and it is resumed 3 [1] s after the last is due; another task's calls run
+    meanwhile, 20/s, each parked 1 s ahead. Against the same run without the pause: the paused task's starts from
+    1 s after the pause to the resume (target 0), the resume to its last start (target <= 2 s), its duplicate and
+    missing runs (target 0), and the other task's lateness: p99 of its calls due while paused (target: within
+    noise of the run without the pause), p50 and p99 over the whole run, the resume's burst included.
 """
 
 from __future__ import annotations

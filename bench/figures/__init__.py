@@ -15,6 +15,7 @@ from .history import history_cost
 from .lateness import lateness
 from .limits import limits
 from .park import park_bulk, park_single, send_due_now
+from .pause_fleet import pause_fleet
 from .recovery import long_run, long_run_due_now, recovery, recovery_due_now
 from .redis_memory import redis_memory_per_call
 from .release import release
@@ -46,4 +47,5 @@ FIGURES: dict[str, Figure] = {
     "long_run_due_now": long_run_due_now,
     "burst": burst,
     "limits": limits,
+    "pause_fleet": pause_fleet,
 }
