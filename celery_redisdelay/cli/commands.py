@@ -172,6 +172,7 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
         ("delayed", f"{found['delayed']:,}"),
         ("  due now", f"{found['due']:,}"),
         ("  held by limits", f"{found['limited']:,}"),
+        ("  held by pauses", f"{found['paused_calls']:,}"),
         ("  oldest overdue", _late(found["oldest_overdue"], "due", "late")),
         ("in flight", f"{found['inflight']:,}"),
         ("  past deadline", f"{found['inflight_expired']:,}"),
@@ -242,9 +243,13 @@ def list_calls(
     scan: int,
     as_json: bool,
 ) -> None:
-    """A page of calls in one state, oldest first (due time, deadline or burial), over all shards."""
+    """A page of calls in one state, oldest first (due time, deadline or burial), over all shards.
+
+    The calls waiting on a pause are listed with --state paused (by pause, then due time), those held by their
+    limits with --state limited (by limit key, then due time); both are delayed calls still."""
+    depot = extension(ctx).depot
     found = admin.page(
-        extension(ctx).depot,
+        depot,
         state,
         limit=limit,
         cursor=cursor,
@@ -278,6 +283,10 @@ def list_calls(
         headers.append("REASON")
         for row, call in zip(rows, calls, strict=True):
             row.append(call["why"] or "")
+    if state == "paused":
+        headers.append("PAUSED BY")
+        for row, call in zip(rows, calls, strict=True):
+            row.append(_target(call["paused_on"]))
     if rows:
         table(headers, rows, right=(4,))
     else:
@@ -291,6 +300,14 @@ def list_calls(
         say(f"stopped after reading {found.scanned:,} entries (--scan) with {len(calls)} matching")
     if found.next_cursor is not None:
         say(f"next page: --cursor {found.next_cursor}")
+    if state == "delayed" and not cursor and (aside := admin.list_size(depot, "paused")):
+        unfiltered = " (of any task or queue)" if admin.Filter(task, queue, search).active else ""
+        say(f"{aside:,} calls wait on pauses{unfiltered}, not in this list: see --state paused")
+
+
+def _target(paused_on: str | None) -> str:
+    """A pause's target as ``paused`` and ``status`` name it: ``task billing.charge``, ``queue emails``."""
+    return "?" if not paused_on else paused_on.replace(":", " ", 1)
 
 
 @redisdelay.command()
@@ -326,6 +343,8 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
         rows.append(("unique/debounce key", str(found["key"])))
     if found["why"] is not None:
         rows.append(("dead because", str(found["why"])))
+    if found["paused_on"] is not None:
+        rows.append(("paused by", f"{_target(found['paused_on'])} (waits in the store until it is resumed)"))
     if found["lock"] is not None:
         rows.append(("lock", lock_text(found["lock"])))
     rows.extend(_payload_rows(found["payload"]))

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 ACTION_STATES = {"run-now": "delayed", "reschedule": "delayed", "cancel": "delayed", "requeue": "dead", "purge": "dead"}
 #: The lists (:data:`~celery_redisdelay.store.calls.LISTS`) each action reaches: a cancel also takes the due calls
 #: waiting on their limits out of their gates (cancel.lua).
-ACTION_LISTS = {action: (state,) for action, state in ACTION_STATES.items()} | {"cancel": ("delayed", "limited")}
+ACTION_LISTS = {action: (state,) for action, state in ACTION_STATES.items()} | {"cancel": ("delayed", "limited", "paused")}
 
 
 def step_for(depot: Depot, action: str, due_ms: int | None = None) -> Step:
@@ -96,7 +96,8 @@ def act_on_matching(
     lists: tuple[str, ...] | None = None,
 ) -> BulkReport:
     """Do ``action`` to every call of its state that ``found`` matches, ``step`` calls per script call (a
-    ``cancel``: the delayed calls, then those held by their limits; ``lists`` chooses among the action's).
+    ``cancel``: the delayed calls, then those held by their limits, then those waiting on pauses; ``lists`` chooses
+    among the action's).
 
     Each round reads at most ``scan`` entries (and keeps at most ``step`` matching ones), acts on them,
     and moves the read position back over the calls that left the set (or, for a reschedule, moved

@@ -18,7 +18,20 @@ from ..errors import RedisDelayError
 from ..store.calls import LARGEST_STEP, CallStore, redis_errors, text
 from ..store.meta import decode_meta
 from .limits import limit_states
-from .listing import ORDERS, SCORE_MEANING, Filter, Page, entry_dict, format_cursor, iso, page, parse_cursor, server_ms
+from .listing import (
+    ORDERS,
+    SCORE_MEANING,
+    Filter,
+    Page,
+    entry_dict,
+    format_cursor,
+    iso,
+    list_size,
+    page,
+    parse_cursor,
+    paused_on,
+    server_ms,
+)
 from .payloads import PICKLE, SHOWN_HEADERS, decode_payload, queue_of
 
 if TYPE_CHECKING:
@@ -39,6 +52,7 @@ __all__ = [
     "entry_dict",
     "format_cursor",
     "iso",
+    "list_size",
     "page",
     "parse_cursor",
     "purge_dead",
@@ -63,7 +77,9 @@ def status(depot: Depot) -> dict[str, Any]:
 
     ``due`` counts delayed calls already due (``oldest_overdue``: the one due longest ago);
     ``limited`` counts the delayed calls that are due and wait on their limits; ``limits`` says, per limit,
-    what it allows, what waits on it and what it holds (see :mod:`.limits`).
+    what it allows, what waits on it and what it holds (see :mod:`.limits`). ``paused_calls`` counts the calls
+    set aside on a pause (``stats()['paused']``): counted among the delayed calls, not among the due ones (no
+    releaser is behind with them).
     ``inflight_expired`` counts calls in flight past their deadline (``oldest_expired``), which the next
     sweep delivers again or dead-letters. ``memory_bytes_estimate`` adds up ``MEMORY USAGE`` (which
     samples large keys) of each shard's fixed keys; batch item lists and locks are not counted; None
@@ -79,6 +95,7 @@ def status(depot: Depot) -> dict[str, Any]:
         "dead",
         "batch_groups",
         "limited",
+        "paused_calls",
         "batch_items",
         "locks_with_waiters",
     )
@@ -97,26 +114,27 @@ def status(depot: Depot) -> dict[str, Any]:
             pipe.zcard(keys.dead)
             pipe.zcard(keys.batches)
             pipe.zcard(keys.gated)
+            pipe.zcard(keys.paused)
             pipe.hmget(keys.counters, ["batch_items", "lock_lines"])
             pipe.zrange(keys.delayed, 0, 0, withscores=True)
             pipe.zrange(keys.inflight, 0, 0, withscores=True)
             for key in keys.store_keys:
                 pipe.memory_usage(key)
             replies = pipe.execute(raise_on_error=False)
-            counted = replies[:10]
+            counted = replies[:11]
             for reply in counted:
                 if isinstance(reply, Exception):
                     raise reply
         *counts, items, first_delayed, first_inflight = counted
         for name, count in zip(totals, [*counts, *(int(item or 0) for item in items)], strict=True):
             totals[name] += int(count)
-        # Calls due and waiting on their limits are parked still, and due.
-        totals["delayed"] += int(counts[6])
+        # Calls due and waiting on their limits are parked still, and due; calls set aside on a pause are parked still.
+        totals["delayed"] += int(counts[6]) + int(counts[7])
         totals["due"] += int(counts[6])
         for state, first in (("delayed", first_delayed), ("inflight", first_inflight)):
             if first and first[0][1] <= now:
                 firsts[state].append(((now - first[0][1]) / 1000, first[0][1], text(first[0][0]), store))
-        usage = [0 if size is None else size for size in replies[10:]]  # None: the key does not exist
+        usage = [0 if size is None else size for size in replies[11:]]  # None: the key does not exist
         if memory is None or not all(isinstance(size, int) for size in usage):
             memory = None
         else:
@@ -210,6 +228,7 @@ def describe(depot: Depot, call_id: str) -> dict[str, Any] | None:
         "key": meta.get("k"),
         "broker_list": meta.get("l"),
         "why": meta.get("why"),
+        "paused_on": paused_on(meta) if meta.get("s") == "paused" else None,
         "meta": meta,
         "queue": queue_of(depot, meta, entry.envelope),
         "payload": payload,

@@ -14,10 +14,11 @@ import heapq
 from collections import deque
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import total_ordering
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RedisDelayError
-from ..store.calls import LISTS, CallStore, Entry, redis_errors
+from ..store.calls import LISTS, CallStore, Entry, pause_note, redis_errors
 from ..store.calls import server_ms as clock_of
 from ..store.meta import CallMeta
 from .payloads import arguments_text, queue_of
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from ..store.depot import Depot
 
 #: What the score of each state means.
-SCORE_MEANING = {"delayed": "due", "limited": "due", "inflight": "deadline", "dead": "dead since"}
+SCORE_MEANING = {"delayed": "due", "limited": "due", "paused": "due", "inflight": "deadline", "dead": "dead since"}
 #: The orders a page can be read in: by score, oldest or newest first.
 ORDERS = ("oldest", "newest")
 #: With a filter, entries are read this many at a time per shard (or ``limit``, if larger; never more
@@ -49,11 +50,20 @@ def iso(ms: float) -> str:
 
 def state_key(store: CallStore, state: str) -> str:
     """The key of a list of calls (:data:`~celery_redisdelay.store.calls.LISTS`); the calls held by their limits
-    wait in the gated set."""
+    wait in the gated set, those set aside on a pause in the paused set."""
     if state not in LISTS:
         raise RedisDelayError(f"unknown state {state!r}; expected one of {', '.join(LISTS)}")
     key: str = store.keys.gated if state == "limited" else getattr(store.keys, state)
     return key
+
+
+def list_size(depot: Depot, state: str) -> int:
+    """How many calls one list (:data:`~celery_redisdelay.store.calls.LISTS`) holds over all shards: a ZCARD each."""
+    total = 0
+    for store in depot.shards.all():
+        with redis_errors(f"count {state} calls"):
+            total += int(store.client.zcard(state_key(store, state)))
+    return total
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,22 @@ def format_cursor(offsets: list[int]) -> str:
 # -- reading --------------------------------------------------------------------------------------
 
 
+@total_ordering
+class Descending:
+    """A text that sorts the other way round: the pause of a call, when the paused calls are read newest first."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Descending) and self.text == other.text
+
+    def __lt__(self, other: Descending) -> bool:
+        return self.text > other.text
+
+
 class Scanner:
     """The entries of one state over several shards, merged by score as they are read.
 
@@ -121,7 +147,7 @@ class Scanner:
     entries already read from it are used up. ``offsets`` count the entries consumed per shard: the
     cursor of what :meth:`next` has not returned yet. Payloads are read for every entry with
     ``payloads="all"`` (the argument search needs them), else only for entries whose metadata does not
-    name their queue.
+    name their queue. The paused calls merge by pause, then score: the order of each shard's paused set.
     """
 
     def __init__(
@@ -143,7 +169,7 @@ class Scanner:
     def reset(self) -> None:
         """Forget what was read ahead, so the next read starts at ``offsets`` (after changing the sets)."""
         self._buffers: list[deque[Entry]] = [deque() for _ in self.stores]
-        self._heads: list[tuple[float, str, int]] = []  # (sort score, id, shard) of each buffer's first entry
+        self._heads: list[tuple[tuple[Any, float], str, int]] = []  # (order, id, shard) of each buffer's first entry
         self._unread = list(range(len(self.stores)))  # shards with an empty buffer that may hold more
         self._sizes = [0] * len(self.stores)
 
@@ -172,7 +198,14 @@ class Scanner:
 
     def _push(self, shard: int) -> None:
         first = self._buffers[shard][0]
-        heapq.heappush(self._heads, (-first.score_ms if self.newest_first else first.score_ms, first.id, shard))
+        heapq.heappush(self._heads, (self._order(first), first.id, shard))
+
+    def _order(self, entry: Entry) -> tuple[Any, float]:
+        """Where an entry sorts among the shards' (before its id): by score, a paused call by its pause first."""
+        group = (paused_on(entry.meta) or "") if self.state == "paused" else ""
+        if self.newest_first:
+            return Descending(group), -entry.score_ms
+        return group, entry.score_ms
 
     def _read(self, shard: int) -> tuple[list[Entry], int]:
         """Up to ``chunk`` entries of one shard from its offset on, with the queue each goes to, and the set's size."""
@@ -228,7 +261,14 @@ def entry_dict(entry: Entry, now_ms: int) -> dict[str, Any]:
         "worker": meta.get("h"),
         "why": meta.get("why"),
         "limits": limits_of(meta),
+        "paused_on": paused_on(meta),
     }
+
+
+def paused_on(meta: CallMeta) -> str | None:
+    """The pause a call set aside waits on, as the store names it (``task:<name>`` or ``queue:<name>``), or None."""
+    noted = pause_note(meta)
+    return None if noted is None else noted[0]
 
 
 def limits_of(meta: CallMeta) -> list[str]:

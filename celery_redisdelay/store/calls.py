@@ -28,10 +28,10 @@ from .meta import CallMeta, Limits, decode_meta, gated_meta, meta_json
 from .scripts import Scripts
 
 STATES = ("delayed", "inflight", "dead")
-#: The lists an operator reads: the states, and the due calls held by their limits (delayed calls too, waiting in
-#: their gates: :meth:`CallStore.find` says "delayed", with the phase "limited"). A call set aside on a pause is
-#: delayed too (:meth:`CallStore.find`: the phase "paused"); ``rd.paused()`` counts them per target.
-LISTS = ("delayed", "limited", "inflight", "dead")
+#: The lists an operator reads: the states, the due calls held by their limits and the calls set aside on a pause
+#: (delayed calls too, waiting in their gates or on their pause: :meth:`CallStore.find` says "delayed", with the
+#: phase "limited" or "paused"; ``rd.paused()`` counts the paused ones per target).
+LISTS = ("delayed", "limited", "paused", "inflight", "dead")
 
 #: ``park_keyed`` statuses.
 STORED, KEPT, CONFLICT = 1, 0, -1
@@ -119,6 +119,15 @@ def gated_entry(member: bytes) -> tuple[str, float]:
     if len(parts) == 3 and parts[1].isdigit():
         return text(parts[2]), float(parts[1])
     return member.decode("utf-8", "replace"), 0.0
+
+
+def paused_entry(member: bytes) -> tuple[str, float, str]:
+    """The id, due time and target of a call set aside on a pause, from its member of the paused set (target NUL
+    due NUL id, see prelude.lua); a member not written so is listed as it is, due at 0, rather than hidden."""
+    parts = member.split(b"\0", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        return text(parts[2]), float(parts[1]), text(parts[0])
+    return member.decode("utf-8", "replace"), 0.0, ""
 
 
 class Released(NamedTuple):
@@ -567,16 +576,25 @@ class CallStore:
         first) with their metadata, and how many calls the state holds. Payloads: ``"none"``, ``"all"``, or
         ``"unrouted"`` (those of calls whose metadata names no broker list, for the paginator's queue filter).
 
-        The calls held by their limits (``"limited"``) come by gate (the limit key), then by due time in each."""
+        The calls held by their limits (``"limited"``) come by gate (the limit key), then by due time in each; the
+        calls set aside on a pause (``"paused"``) by target, then by due time, each in the phase "paused" with its
+        target and due time noted (``pz``, ``pd``) as :meth:`find` gives it."""
         if state not in LISTS:
             raise ValueError(f"unknown state {state!r}; expected one of {', '.join(LISTS)}")
+        targets: list[str] = []
         with redis_errors(f"list {state} calls"):
             pipe = self.client.pipeline(transaction=False)
-            if state == "limited":
-                pipe.zrange(self.keys.gated, offset, offset + count - 1, desc=newest_first)
-                pipe.zcard(self.keys.gated)
-                gated, size = pipe.execute()
-                members = [gated_entry(member) for member in gated]
+            if state in ("limited", "paused"):  # lex-ordered: the due time is in the member
+                key = self.keys.gated if state == "limited" else self.keys.paused
+                pipe.zrange(key, offset, offset + count - 1, desc=newest_first)
+                pipe.zcard(key)
+                lexed, size = pipe.execute()
+                if state == "limited":
+                    members = [gated_entry(member) for member in lexed]
+                else:
+                    aside = [paused_entry(member) for member in lexed]
+                    members = [(call_id, due) for call_id, due, _ in aside]
+                    targets = [target for _, _, target in aside]
             else:
                 key = getattr(self.keys, state)
                 pipe.zrange(key, offset, offset + count - 1, desc=newest_first, withscores=True)
@@ -585,6 +603,8 @@ class CallStore:
             ids = [text(member) for member, _ in members]
             found: Any = self.client.hmget(self.keys.meta, ids) if ids else []
             metas = [decode_meta(raw, state) for raw in found]
+            for i, target in enumerate(targets):
+                metas[i] = cast(CallMeta, {**metas[i], "s": "paused", "pz": target, "pd": int(members[i][1])})
             wanted = [
                 i for i, meta in enumerate(metas) if payloads == "all" or (payloads != "none" and not meta.get("l"))
             ]

@@ -28,7 +28,13 @@ SLICES = 20
 TOP_TASKS = 8
 
 
-STATE_TITLES = {"delayed": "Delayed", "limited": "Held by limits", "inflight": "In flight", "dead": "Dead"}
+STATE_TITLES = {
+    "delayed": "Delayed",
+    "limited": "Held by limits",
+    "paused": "Paused",
+    "inflight": "In flight",
+    "dead": "Dead",
+}
 
 
 def state_counts(rd: RedisDelay) -> dict[str, int]:

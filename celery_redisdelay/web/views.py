@@ -1,5 +1,6 @@
-"""The dashboard's pages (GET): the overview, the paged lists of delayed, in-flight and dead calls, and
-one call. Each reads a bounded amount from Redis, whatever the backlog."""
+"""The dashboard's pages (GET): the overview, the paged lists of delayed calls (those held by their limits and
+those waiting on a pause each in a list of their own), in-flight and dead calls, and one call. Each reads a bounded
+amount from Redis, whatever the backlog."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ blueprint = Blueprint("views", __name__)
 LIST_ACTIONS = {
     "delayed": [("run-now", "Run now"), ("reschedule", "Reschedule"), ("cancel", "Cancel")],
     "limited": [("cancel", "Cancel")],
+    "paused": [("cancel", "Cancel")],  # run now and reschedule move calls in the delay set only
     "inflight": [],
     "dead": [("requeue", "Requeue"), ("purge", "Purge")],
 }
@@ -41,8 +43,10 @@ def page_context(rd: RedisDelay, active: str, counts: dict[str, int] | None = No
 def overview_page() -> str:
     rd = dashboard().rd
     status = admin.status(rd.depot)
-    counts = {state: status[state] for state in STATE_TITLES}
-    counts["delayed"] -= status["limited"]  # each tab counts what its list shows (status counts them as delayed)
+    counts = {state: status[state] for state in STATE_TITLES if state != "paused"}
+    counts["paused"] = status["paused_calls"]
+    # Each tab counts what its list shows (status counts the calls held by limits or paused as delayed).
+    counts["delayed"] -= status["limited"] + status["paused_calls"]
     return render_template(
         "overview.html",
         status=status,
@@ -118,12 +122,17 @@ def call(call_id: str) -> str:
         abort(404, f"No call {call_id} in the store: never parked, or finished, cancelled or purged since.")
     state = found["state"]
     actions = [action for action, wanted in ACTION_STATES.items() if wanted == state]
+    listed = state  # the list that shows it
+    if found["paused_on"] is not None:
+        listed = "paused"
+        actions = ["cancel"]  # run now and reschedule move only the calls in the delay set; it waits on its pause
     return render_template(
         "call.html",
         call=found,
+        listed=listed,
         actions=[] if dashboard().read_only else actions,
         timezone=rd.app.conf.timezone or "UTC",
-        **page_context(rd, state),
+        **page_context(rd, listed),
     )
 
 
