@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 #: Actions and the state their calls must be in.
 ACTION_STATES = {"run-now": "delayed", "reschedule": "delayed", "cancel": "delayed", "requeue": "dead", "purge": "dead"}
 #: The lists (:data:`~celery_redisdelay.store.calls.LISTS`) each action reaches: a cancel also takes the due calls
-#: waiting on their limits out of their gates (cancel.lua).
-ACTION_LISTS = {action: (state,) for action, state in ACTION_STATES.items()} | {"cancel": ("delayed", "limited", "paused")}
+#: waiting on their limits out of their gates, and the calls waiting on pauses out of the paused set (cancel.lua).
+CANCELLED = ("delayed", "limited", "paused")
+ACTION_LISTS = {action: (state,) for action, state in ACTION_STATES.items()} | {"cancel": CANCELLED}
 
 
 def step_for(depot: Depot, action: str, due_ms: int | None = None) -> Step:
