@@ -19,7 +19,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
 ``REDISDELAY_BENCH_ALL_TASKS``
     ``1`` sets ``redisdelay_all_tasks=True`` (every task's delayed calls are parked).
 ``REDISDELAY_BENCH_TRACK``
-    ``1`` sets ``redisdelay_track_due_now=True`` (with all tasks: their calls due now are tracked too).
+    ``1`` sets ``redisdelay_track_due_now=True`` (with all tasks: their calls due now are tracked too); otherwise a
+    bench app with all tasks sets it False, whatever the package's default.
 
 The bench process builds further apps with :func:`build` (for example one with precise release on to
 park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
@@ -111,10 +112,8 @@ def build(
         conf["redisdelay_precise_release"] = True
     if park_received:
         conf["redisdelay_park_received"] = True
-    if all_tasks:
-        conf["redisdelay_all_tasks"] = True
-    if track:
-        conf["redisdelay_track_due_now"] = True
+    if all_tasks:  # tracked or not as asked, not by the default (which tracks where it can)
+        conf.update(redisdelay_all_tasks=True, redisdelay_track_due_now=track)
     if kombu_unacked:
         conf["redisdelay_skip_unacked"] = False
     if lease is not None:

@@ -359,14 +359,10 @@ class RedisDelay:
         due_now = not waits or (len(args) <= 2 and kwargs.get("eta") is None and kwargs.get("countdown") == 0)
         all_tasks = self.app.conf.get("redisdelay_all_tasks")
         # Protocol 1 (set after the extension was made) cannot be stored: a call due now is Celery's then.
-        tracked = bool(
-            due_now
-            and track is not False
-            and all_tasks
-            and self._tracked(name)
-            and (self.app.conf.get("task_protocol") or 2) == 2
+        trackable = bool(
+            track is not False and all_tasks and self._tracked(name) and (self.app.conf.get("task_protocol") or 2) == 2
         )
-        if not explicit and not (all_tasks and (waits or self._limited(name) or tracked)):
+        if not explicit and not (all_tasks and (waits or self._limited(name) or (trackable and due_now))):
             return self.celery_send_task(name, *args, **kwargs)
         task = self.app.tasks.get(name)
         given = self._send_task_signature.bind(name, *args, **kwargs).arguments
@@ -383,8 +379,9 @@ class RedisDelay:
             )
         ):
             return park_sent(task, self.adopted_rules(task), given, self.celery_send_task)
-        if tracked:
-            # Stored in flight and pushed onto its queue in one script, held under a lease from there.
+        if trackable:
+            # Due now (or at an eta already past): stored in flight and pushed onto its queue in one script, held
+            # under a lease from there.
             return park_sent(task, self.adopted_rules(task), given, self.celery_send_task, send_now=True)
         return self.celery_send_task(name, *args, **kwargs)
 
@@ -411,19 +408,23 @@ class RedisDelay:
 
     @cached_property
     def tracks_due_now(self) -> bool:
-        """Whether calls due now are tracked: ``redisdelay_track_due_now`` in the app mode, where the broker is a
-        Redis on the store's server and database (the script that stores a call pushes its message too).
-        Elsewhere they keep Celery's path, with a warning when the setting insists."""
+        """Whether calls due now are tracked: in the app mode, where the broker is a Redis on the store's server and
+        database (the script that stores a call pushes its message too), unless ``redisdelay_track_due_now`` is
+        False. Elsewhere they keep Celery's path, with a warning when the setting insists (True)."""
         settings = self.settings
-        if not (settings.track_due_now and settings.all_tasks):
-            if settings.track_due_now:
+        wanted = settings.track_due_now
+        if wanted is False:
+            return False
+        if not settings.all_tasks:
+            if wanted:
                 logger.warning("redisdelay_track_due_now has no effect without redisdelay_all_tasks")
             return False
         if not self.depot.fast_release:
-            logger.warning(
-                "redisdelay_track_due_now has no effect: the broker is not a Redis on the store's server and "
-                "database, so calls due now keep Celery's own path (untracked)"
-            )
+            if wanted:
+                logger.warning(
+                    "redisdelay_track_due_now has no effect: the broker is not a Redis on the store's server and "
+                    "database, so calls due now keep Celery's own path (untracked)"
+                )
             return False
         return True
 

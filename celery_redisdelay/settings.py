@@ -41,7 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_lease": 30.0,
     "redisdelay_lease_renewal": 10.0,
     "redisdelay_skip_unacked": None,
-    "redisdelay_track_due_now": False,
+    "redisdelay_track_due_now": None,
     "redisdelay_quotas": None,  # checked by store/limits.py when a call names a quota
     "redisdelay_task_limits": None,  # checked by producer/adoption.py at a plain task's first call
 }
@@ -168,7 +168,9 @@ class Settings:
     skip_unacked: bool | None = None
     #: With ``all_tasks``, a call due now of the app's plain tasks goes through the store too: written in flight and
     #: pushed onto the broker's queue in one script (``send.lua``), then held under a lease like a released call.
-    track_due_now: bool = False
+    #: None (the default): where the broker is the store's Redis; True insists (a warning where it cannot); False
+    #: leaves calls due now on Celery's own path.
+    track_due_now: bool | None = None
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -253,7 +255,7 @@ class Settings:
             lease=lease,
             lease_renewal=lease_renewal,
             skip_unacked=_optional_bool(conf, "redisdelay_skip_unacked"),
-            track_due_now=bool(_optional_bool(conf, "redisdelay_track_due_now")),
+            track_due_now=_optional_bool(conf, "redisdelay_track_due_now"),
         )
 
 

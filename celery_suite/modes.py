@@ -6,9 +6,10 @@
     Every task of the app is a delayed task: the app's task class becomes the extension's (``rd.Task``) before
     the tests' tasks (``@shared_task``) are bound to it, Celery's own tasks included.
 ``all-tasks``
-    ``redisdelay_all_tasks``: the tasks stay as they are, and their calls with a countdown or an eta are parked.
+    ``redisdelay_all_tasks`` with ``redisdelay_track_due_now = False``: the tasks stay as they are, their calls with
+    a countdown or an eta are parked, and their calls due now take Celery's own path.
 ``tracked``
-    ``all-tasks`` with ``redisdelay_track_due_now``: the calls due now go through the store too, tracked.
+    ``redisdelay_all_tasks`` as it is by default: the calls due now go through the store too, tracked.
 
 In every mode but ``plain`` the in-process worker of the tests runs the precise releaser in a thread.
 """
@@ -30,6 +31,6 @@ SETTINGS: dict[str, Any] = {
 MODE_SETTINGS: dict[str, dict[str, Any]] = {
     "plain": {},
     "delayed": SETTINGS,
-    "all-tasks": {**SETTINGS, "redisdelay_all_tasks": True},
+    "all-tasks": {**SETTINGS, "redisdelay_all_tasks": True, "redisdelay_track_due_now": False},
     "tracked": {**SETTINGS, "redisdelay_all_tasks": True, "redisdelay_track_due_now": True},
 }

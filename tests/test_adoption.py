@@ -94,10 +94,13 @@ def test_a_plain_tasks_delayed_calls_are_parked(adopting: tuple[Celery, RedisDel
     assert rd.reschedule(parked[1].id, countdown=1)
 
 
+@pytest.mark.parametrize("tracking", [None, False], ids=["tracked-by-default", "untracked"])
 def test_calls_due_now_and_calls_left_to_celery_are_sent_as_celery_sends_them(
-    adopting: tuple[Celery, RedisDelay], without: Celery, client: redis.Redis
+    make_app: MakeApp, queue: str, without: Celery, client: redis.Redis, tracking: bool | None
 ) -> None:
-    app, rd = adopting
+    """Calls due now go to the queue as Celery sends them, tracked (in the store, in flight) by default and
+    untracked with ``redisdelay_track_due_now = False``; a task that opts out keeps Celery's path."""
+    app, rd = make_app(redisdelay_all_tasks=True, task_default_queue=queue, redisdelay_track_due_now=tracking)
     ours, theirs = plain_tasks(app), plain_tasks(without)
     past = datetime.now(UTC) - timedelta(minutes=1)
     calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
@@ -108,18 +111,29 @@ def test_calls_due_now_and_calls_left_to_celery_are_sent_as_celery_sends_them(
         ("kept_out", (7,), {"countdown": 60}),
         ("report", ("sunday",), {"priority": 3}),
     ]
+    released: set[str] = set()  # parked due now: released as Celery's message without its eta (as any parked call)
     for name, args, options in calls:
         call_id = f"same-{uuid.uuid4().hex}"
         ours[name].apply_async(args, task_id=call_id, **options)
         theirs[name].apply_async(args, task_id=call_id, **options)
-        assert rd.find(call_id) is None
+        found = rd.find(call_id)
+        if tracking is None and name != "kept_out":
+            # Due now: in flight at once; at an eta already past, parked due now (the next release sends it).
+            past_eta = options.get("countdown", 0) < 0 or "eta" in options
+            assert found is not None and found.state == ("delayed" if past_eta else "inflight"), (name, options)
+            if past_eta:
+                released.add(call_id)
+        else:
+            assert found is None, (name, options)
+    assert rd.tick()["released"] == len(released)
     # Every call went to the queue twice, ours and Celery's, alike but for the delivery tag.
     by_id: dict[str, list[dict[str, Any]]] = {}
     for message in broker_messages(client, app.conf.task_default_queue):
         by_id.setdefault(message["headers"]["id"], []).append(comparable(message))
     assert len(by_id) == len(calls)
-    for pair in by_id.values():
-        assert len(pair) == 2 and pair[0] == pair[1], pair
+    for call_id, pair in by_id.items():
+        assert len(pair) == 2, pair
+        assert (pair[0] == pair[1]) != (call_id in released), pair
     internal = app.tasks["celery.backend_cleanup"].apply_async(countdown=60)
     assert rd.find(internal.id) is None, "Celery's own tasks keep Celery's path"
 
@@ -200,7 +214,7 @@ def test_a_worker_tracks_adopted_calls_and_parks_their_retries(redis_server: Red
         notes = {note["id"]: note for name in (key, retried, backed) for note in run.notes(name)}
         assert len(notes) == 5
         assert notes[parked.id]["delivery"] == notes[shared.id]["delivery"] == 1, "tracked in flight"
-        assert notes[now.id]["delivery"] == 0, "sent due now: not in the store"
+        assert notes[now.id]["delivery"] == 1, "sent due now: tracked in flight (the default in the app mode)"
         assert notes[retrying.id]["delivery"] == 1, "the retry was parked, and tracked when it ran"
         assert (notes[retrying.id]["runs"], notes[backoff.id]["runs"]) == (2, 3), "each retry ran once"
         assert notes[backoff.id]["delivery"] == 1

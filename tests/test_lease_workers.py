@@ -118,10 +118,16 @@ def test_a_worker_with_a_bad_lease_setting_refuses_to_start(redis_server: RedisS
 
 
 def test_a_call_never_parked_costs_no_redis_call_on_the_worker(redis_server: RedisServer) -> None:
-    """In all-tasks mode, a run of a plain task's call sent due now (as Celery sends it) makes no Redis call of
-    ours: no lease, no start, no acknowledgement. A parked call's run makes them, as the control."""
+    """In all-tasks mode without tracking, a run of a plain task's call sent due now (as Celery sends it) makes no
+    Redis call of ours: no lease, no start, no acknowledgement. A parked call's run makes them, as the control."""
     with pool_worker(
-        redis_server, "threads", concurrency=2, redisdelay_all_tasks=True, redisdelay_precise_release=True, **SHORT
+        redis_server,
+        "threads",
+        concurrency=2,
+        redisdelay_all_tasks=True,
+        redisdelay_track_due_now=False,
+        redisdelay_precise_release=True,
+        **SHORT,
     ) as run:
         key = f"{run.prefix}:runs"
         seen: list[str] = []

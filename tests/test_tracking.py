@@ -120,14 +120,37 @@ def test_a_task_or_a_call_opts_out_and_keeps_celerys_path(make_app: MakeApp, que
     assert rd.find(untracked.apply_async(countdown=60).id) is not None
 
 
-def test_without_the_setting_or_the_app_mode_calls_due_now_are_celerys(
+def test_the_app_mode_tracks_calls_due_now_by_default(make_app: MakeApp, queue: str, client: redis.Redis) -> None:
+    app, rd = make_app(task_default_queue=queue, redisdelay_all_tasks=True)
+    assert app.conf.get("redisdelay_track_due_now") is None, "the default, not the test's own setting"
+    call = plain_tasks(app)["add"].delay(1, 2)
+    found = rd.find(call.id)
+    assert found is not None and found.state == "inflight"
+    assert client.llen(queue) == 1
+
+
+def test_set_false_or_without_the_app_mode_calls_due_now_are_celerys(
     make_app: MakeApp, queue: str, client: redis.Redis
 ) -> None:
-    for conf in ({"redisdelay_all_tasks": True}, {"redisdelay_track_due_now": True}):
+    for conf in (
+        {"redisdelay_all_tasks": True, "redisdelay_track_due_now": False},
+        {"redisdelay_track_due_now": True},
+        {},
+    ):
         app, rd = make_app(task_default_queue=queue, **conf)
         call = plain_tasks(app)["add"].delay(1, 2)
         assert rd.find(call.id) is None, conf
-    assert client.llen(queue) == 2
+    assert client.llen(queue) == 3
+
+
+def test_by_default_a_broker_that_is_not_the_stores_redis_keeps_celerys_path_without_a_warning(
+    make_app: MakeApp, redis_server: RedisServer, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app, rd = make_app(task_default_queue=queue, redisdelay_url=f"{redis_server.url}/4", redisdelay_all_tasks=True)
+    with caplog.at_level("WARNING", logger="celery_redisdelay"):
+        call = plain_tasks(app)["add"].delay(1, 2)
+    assert rd.find(call.id) is None
+    assert "redisdelay_track_due_now" not in caplog.text
 
 
 @pytest.mark.parametrize("value", ["yes", 1, 0.0])

@@ -188,8 +188,8 @@ if not PLAIN:
         app.conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
     if os.environ.get(ENV_KOMBU_UNACKED) == "1":
         app.conf.update(redisdelay_skip_unacked=False)
-    if os.environ.get(ENV_TRACK) == "1":
-        app.conf.update(redisdelay_track_due_now=True)
+    if os.environ.get(ENV_TRACK) in ("0", "1"):
+        app.conf.update(redisdelay_track_due_now=os.environ[ENV_TRACK] == "1")
     rd = extension = RedisDelay(app)
 
     @extension.delayed(

@@ -18,7 +18,7 @@ ENV_VISIBILITY = "REDISDELAY_BATTLE_VISIBILITY_TIMEOUT"
 ENV_LEASE = "REDISDELAY_BATTLE_LEASE"
 #: ``1``: ``redisdelay_skip_unacked`` False (kombu keeps its copy of the store's deliveries too).
 ENV_KOMBU_UNACKED = "REDISDELAY_BATTLE_KOMBU_UNACKED"
-#: ``1``: ``redisdelay_track_due_now`` (the calls due now go through the store too, tracked).
+#: ``1``: ``redisdelay_track_due_now`` True (the calls due now go through the store too, tracked); ``0``: False.
 ENV_TRACK = "REDISDELAY_BATTLE_TRACK"
 #: ``1``: ``task_acks_late`` (Celery's at-least-once setting; the fair twin of a tracked run).
 ENV_ACKS_LATE = "REDISDELAY_BATTLE_ACKS_LATE"

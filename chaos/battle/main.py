@@ -76,7 +76,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--track-due-now",
         action="store_true",
-        help="redisdelay_track_due_now: the calls due now go through the store too, tracked",
+        help="redisdelay_track_due_now True: the calls due now go through the store too, tracked (the default)",
+    )
+    parser.add_argument(
+        "--untracked",
+        action="store_true",
+        help="redisdelay_track_due_now False: the calls due now take Celery's own path, untracked",
     )
     parser.add_argument(
         "--acks-late", action="store_true", help="task_acks_late: Celery's at-least-once setting (for a plain twin)"
@@ -95,8 +100,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.rate <= 0 or args.countdown_scale <= 0:
         parser.error("--minutes, --rate and --countdown-scale must be positive")
-    if args.plain and (args.track_due_now or args.kombu_unacked):
-        parser.error("--track-due-now and --kombu-unacked are settings of the extension: not with --plain")
+    if args.plain and (args.track_due_now or args.untracked or args.kombu_unacked):
+        parser.error("--track-due-now, --untracked and --kombu-unacked are settings of the extension: not with --plain")
+    if args.track_due_now and args.untracked:
+        parser.error("--track-due-now and --untracked contradict each other")
+    args.track_due_now = not (args.plain or args.untracked)
     try:
         args.shares = parse_shares(args.mix)
         args.pools = parse_pools(args.workers)
