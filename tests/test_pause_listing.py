@@ -4,7 +4,6 @@ credentials, without actions in read-only mode); once more in a real browser. Ag
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -13,38 +12,25 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
 from celery import Celery
-from click.testing import CliRunner, Result
 from flask.testing import FlaskClient
 from werkzeug.serving import make_server
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.cli import redisdelay
 from celery_redisdelay.store.calls import CallStore
 from celery_redisdelay.testing import wait_for
 from celery_redisdelay.web import create_app
+from tests.test_cli import as_json, every_page, invoke
+from tests.test_pause import tasks_of
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 CSRF = re.compile(r'name="csrf_token" value="([0-9a-f]+)"')
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
-
-
-def tasks_of(rd: RedisDelay) -> tuple[Any, Any]:
-    @rd.delayed(name="pause.alpha")
-    def alpha(n: int) -> int:
-        return n
-
-    @rd.delayed(name="pause.beta")
-    def beta(n: int) -> int:
-        return n
-
-    return alpha, beta
 
 
 def park_due(task: Any, count: int, *, first: int = 0, task_ids: list[str] | None = None, **options: Any) -> list[str]:
@@ -74,31 +60,10 @@ def set_aside(rd: RedisDelay, expected: int) -> None:
     wait_for(lambda: rd.tick() is not None and rd.stats()["paused"] == expected, 10, f"{expected} calls set aside")
 
 
-def invoke(rd: RedisDelay, *args: str) -> Result:
-    return CliRunner().invoke(redisdelay, list(args), obj=SimpleNamespace(app=rd.app))
-
-
 def ok(rd: RedisDelay, *args: str) -> str:
     result = invoke(rd, *args)
     assert result.exit_code == 0, f"redisdelay {' '.join(args)} exited {result.exit_code}:\n{result.output}"
     return result.stdout
-
-
-def as_json(rd: RedisDelay, *args: str) -> Any:
-    return json.loads(ok(rd, *args, "--json"))
-
-
-def every_page(rd: RedisDelay, *args: str) -> tuple[list[dict[str, Any]], int]:
-    """Follow the cursors of ``list ARGS --json`` to the end: every call listed, and how many pages."""
-    calls: list[dict[str, Any]] = []
-    cursor: list[str] = []
-    for pages in range(1, 1000):
-        found = as_json(rd, "list", *args, *cursor)
-        calls.extend(found["calls"])
-        if found["next_cursor"] is None:
-            return calls, pages
-        cursor = ["--cursor", found["next_cursor"]]
-    raise AssertionError("the cursors never ended")
 
 
 def client_of(rd: RedisDelay, **options: Any) -> FlaskClient:
