@@ -17,6 +17,8 @@ Configured from the environment, which ``python -m chaos`` sets for every proces
     ``1``: the workers run the precise releaser in a thread too (``redisdelay_precise_release``).
 ``REDISDELAY_CHAOS_MAX_TASKS_PER_CHILD``
     ``worker_max_tasks_per_child``: each pool process is replaced after this many tasks (0: never).
+``REDISDELAY_CHAOS_QUEUE_TIMEOUT``
+    ``redisdelay_queue_timeout`` (the app default when not set): the runner's ``--queue-timeout``.
 ``REDISDELAY_CHAOS_EVENTS``
     A directory: each worker process appends one JSON line per start and end of a run of the
     validation consumer (and of the soak's locked and batched tasks) to ``events-<pid>.jsonl`` there
@@ -52,6 +54,7 @@ from .config import (
     ENV_MASTER_NAME,
     ENV_MAX_TASKS_PER_CHILD,
     ENV_PRECISE_IN_WORKER,
+    ENV_QUEUE_TIMEOUT,
     ENV_SHARDS,
     ENV_URL,
     ENV_WAIT_REPLICAS,
@@ -96,6 +99,7 @@ app.conf.update(
     broker_connection_max_retries=None,  # keep reconnecting across Redis restarts
     redisdelay_precise_release=os.environ.get(ENV_PRECISE_IN_WORKER) == "1",
     worker_max_tasks_per_child=int(os.environ.get(ENV_MAX_TASKS_PER_CHILD) or 0) or None,
+    redisdelay_queue_timeout=float(os.environ.get(ENV_QUEUE_TIMEOUT) or 0) or None,
 )
 if STORE_URL:  # else the store follows the sentinel:// broker
     app.conf.redisdelay_url = STORE_URL

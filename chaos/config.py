@@ -19,6 +19,8 @@ ENV_SHARDS = "REDISDELAY_CHAOS_SHARDS"
 ENV_PRECISE_IN_WORKER = "REDISDELAY_CHAOS_PRECISE_IN_WORKER"
 #: ``worker_max_tasks_per_child`` of the workers (0: none): their pool processes are replaced, forked anew.
 ENV_MAX_TASKS_PER_CHILD = "REDISDELAY_CHAOS_MAX_TASKS_PER_CHILD"
+#: ``redisdelay_queue_timeout`` of every process: the runner's ``--queue-timeout``, which its verdicts assume.
+ENV_QUEUE_TIMEOUT = "REDISDELAY_CHAOS_QUEUE_TIMEOUT"
 
 KEY_PREFIX = "chaos"
 QUEUE = "chaos"

@@ -30,7 +30,14 @@ from celery_redisdelay.settings import SENTINEL_SCHEMES, Settings
 from celery_redisdelay.store.connection import connect
 
 from .cluster import Cluster
-from .config import ENV_MAX_TASKS_PER_CHILD, ENV_PRECISE_IN_WORKER, ENV_SHARDS, ENV_WAIT_REPLICAS, QUEUE
+from .config import (
+    ENV_MAX_TASKS_PER_CHILD,
+    ENV_PRECISE_IN_WORKER,
+    ENV_QUEUE_TIMEOUT,
+    ENV_SHARDS,
+    ENV_WAIT_REPLICAS,
+    QUEUE,
+)
 from .faults import (
     BEAT_KILL,
     BROKER_KILL,
@@ -212,6 +219,9 @@ class Run:
             ENV_WAIT_REPLICAS: str(self.wait_replicas),
             ENV_PRECISE_IN_WORKER: "1" if self.args.precise_in_worker else "0",
             ENV_MAX_TASKS_PER_CHILD: str(self.args.max_tasks_per_child),
+            # Calls without a queue timeout of their own (a batch's flush, a retry) are swept by the one the
+            # runner judges by, not the app default of two hours.
+            ENV_QUEUE_TIMEOUT: str(self.args.queue_timeout),
         }
         os.environ.update(env)
         from . import app as chaos_app  # builds the app from the environment
