@@ -538,12 +538,18 @@ def test_a_pause_holds_across_a_sigkill_of_the_worker_and_of_redis() -> None:
             others = [sleep.apply_async((other, 0), countdown=0.2 * i).id for i in range(5)]
             wait_for(lambda: sorted(started_ids(run, other)) == sorted(others), 30, "the other task's calls to run")
             wait_for(lambda: (run.rd.tick() or True) and waiting(run) == 45, 30, "the later calls to wait too")
-            time.sleep(1)
+
+            def barrier() -> None:
+                """Calls of the other task sent now and run: the worker took every message queued before them."""
+                markers = [sleep.apply_async((other, 0)).id for _ in range(2)]  # one per pool process
+                wait_for(lambda: set(markers) <= set(started_ids(run, other)), 30, "the markers to run")
+
+            barrier()
             assert started_ids(run, key) == [], "no call of a paused task started"
             assert run.rd.resume(task="pools.record") and run.rd.resume(task="plain.record")
             wait_for(lambda: len(started_ids(run, key)) >= 45, 60, "every call to run after the resume")
             wait_for(lambda: (run.rd.tick() or True) and run.settled(), 30, "the store to settle")
-            time.sleep(1)
+            barrier()
             assert sorted(started_ids(run, key)) == sorted(before + after + sent), "none lost, each once"
     finally:
         server.stop()
