@@ -13,12 +13,15 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, shared_task
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.errors import ConfigurationError, PayloadError, StoreUnavailableError
 from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import pool_worker
 from tests.test_adoption import broker_messages, comparable, plain_tasks
+from tests.test_chaos import LosingReplies
 from tests.test_lease_workers import held
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -183,6 +186,35 @@ def test_a_store_that_is_down_fails_the_call_as_a_publish_would(queue: str) -> N
         with pytest.raises(StoreUnavailableError, match="send call"):
             add.delay(3, 4)
         app.close()
+
+
+@pytest.mark.parametrize("drops", [1, 2], ids=["the-direct-path-tries-again", "redis-py-retries-too"])
+def test_a_send_whose_reply_was_lost_queues_one_message(
+    make_app: MakeApp, queue: str, client: redis.Redis, drops: int
+) -> None:
+    """The send lands, its reply is dropped (a CLIENT KILL mid-call), the client sends it again: one message is
+    queued and the call counted once, as a park is (the battle saw such a call run twice, 30-200 ms apart)."""
+    app, rd = make_app(
+        task_default_queue=queue,
+        redisdelay_connection_options={
+            "connection_class": LosingReplies,
+            "retry": Retry(NoBackoff(), 3),
+            "retry_on_error": [redis.ConnectionError],
+        },
+        **TRACKING,
+    )
+    add = plain_tasks(app)["add"]
+    unlucky = str(uuid.uuid4())
+    LosingReplies.armed[unlucky] = drops
+    try:
+        ids = [add.apply_async((n, n), **({"task_id": unlucky} if n == 2 else {})).id for n in range(5)]
+        assert LosingReplies.dropped.count(unlucky) == drops, "the send's reply was lost"
+        queued = [message["headers"]["id"] for message in broker_messages(client, queue)]
+        assert sorted(queued) == sorted(ids), "one message of each call"
+        counters = {k.decode(): int(v) for k, v in client.hgetall(rd.depot.keys.counters).items()}
+        assert counters["parked"] == 5 and counters["released"] == 5, counters
+    finally:
+        LosingReplies.armed.pop(unlucky, None)
 
 
 def test_a_tracked_call_runs_once_and_is_acknowledged(redis_server: RedisServer) -> None:

@@ -7,7 +7,9 @@
 -- "queued, first delivery" (load_inflight_meta) as release.lua leaves it. Anything else is parked due now instead
 -- and goes with the next release.
 -- An id stored before (a retry of a running call with the same id sends its call again) gives up its key and the
--- slots it held, as store() does.
+-- slots it held, as store() does. The very same send again while its message waits (the same id, message and
+-- metadata, in flight and not yet started: a client's retry after the reply to a send that landed was lost) pushes
+-- nothing and counts nothing, as park.lua counts a park once: one message, one run.
 -- KEYS[FIXED_KEYS + 1]: the queue list the message goes to (kombu's name, priority included).
 -- ARGV: 1 id, 2 payload, 3 meta JSON, 4 default queue timeout (ms)
 -- A call of a paused task or queue (see "Pauses" in prelude.lua) is stored and put aside on its pause, due now, instead
@@ -39,6 +41,10 @@ if pauses and pauses.any_active then
     end
 end
 if redis.call('HSETNX', META, id, meta_json) == 0 then
+    if redis.call('HGET', META, id) == meta_json and redis.call('ZSCORE', INFLIGHT, id)
+            and redis.call('HGET', PAYLOADS, id) == payload then
+        return {1, now}
+    end
     local before = load_meta(id)
     free_key(id, before)
     free_slots(id, before)
