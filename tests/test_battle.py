@@ -93,6 +93,9 @@ def test_the_analysis_sorts_every_unit() -> None:
         # A retry sent twice (its attempt ran again after a fault): the ledger heard of the second send only,
         # and the run of the first is judged by the due time its message carried, not early.
         "11.1": send("retry", T0 + 50, T0 + 45, PARKED),
+        # A batch item added as a CLIENT KILL cut its connection: the add landed, its reply was lost, the client
+        # added it again, and the batch ran it twice.
+        "12.0": send("batch", T0 + 59.85, T0 + 59.85, PARKED),
     }
     runs = [
         run("1.0", T0 + 0.01, T0 + 0.02, "worker0-1"),
@@ -104,15 +107,21 @@ def test_the_analysis_sorts_every_unit() -> None:
         run("9.0", T0 + 41.0, T0 + 41.1, "worker1-2"),
         run("10.0", T0 + 25.0, T0 + 25.1, "worker1-2"),
         run("11.1", T0 + 30.5, T0 + 30.6, "worker1-2", due=T0 + 30.0),
+        run("12.0", T0 + 61.0, T0 + 61.1, "worker1-2"),
+        run("12.0", T0 + 61.0, T0 + 61.1, "worker1-2"),
     ]
     starts = [start for start, _ in runs] + [{"u": "5.0", "t": T0 + 11.5, "w": "worker0-1@h", "p": 1}]
     ends = [end for _, end in runs]
     received = [{"u": "10.0", "t": T0 + 11.2, "w": "worker0-1@h"}]
-    faults = [fault(WORKER_KILL, T0 + 12, "worker0-1 pid 10"), fault(REDIS_KILL, T0 + 20, "store redis-server")]
+    faults = [
+        fault(WORKER_KILL, T0 + 12, "worker0-1 pid 10"),
+        fault(REDIS_KILL, T0 + 20, "store redis-server"),
+        fault("client_kill", T0 + 59.9, "CLIENT KILL TYPE normal"),
+    ]
 
     data = Outcome(sends, starts, ends, {"7.0": True, "8.0": False}, faults, received).as_dict()
 
-    assert data["sent"] == 11 and data["expected"] == 10 and data["cancelled"] == 1 and data["cancel_too_late"] == 1
+    assert data["sent"] == 12 and data["expected"] == 11 and data["cancelled"] == 1 and data["cancel_too_late"] == 1
     assert data["exactly_once"] == 5  # 1, 6, 8, 10, 11
     lost = {row["unit"]: row for row in data["lost"]["rows"]}
     assert set(lost) == {"3.0", "4.0", "5.0"}
@@ -124,6 +133,7 @@ def test_the_analysis_sorts_every_unit() -> None:
     duplicates = {row["unit"]: row for row in data["duplicates"]["rows"]}
     assert duplicates["2.0"]["explained"] and "worker_kill of worker0-1" in duplicates["2.0"]["why"]
     assert not duplicates["9.0"]["explained"] and data["duplicates"]["unexplained"] == 1
+    assert duplicates["12.0"]["explained"] and "the reply to a send" in duplicates["12.0"]["why"]
     assert [row["unit"] for row in data["early"]["rows"]] == ["6.0"]
     assert data["lateness"][PARKED] == {"n": 3, "p50": 0.0, "p99": 0.0, "max": 0.0}  # 2.0, 8.0 on time; 6.0 -1 s
     assert data["lateness"][CELERY_NOW]["max"] == pytest.approx(14.0)  # 10.0: due at 11, ran at 25

@@ -10,7 +10,8 @@ of one (a run that ended was acknowledged, or about to be), and every cancel.
   bound (:data:`FSYNC_BOUND_SECONDS`) before a SIGKILL of Redis; a call due now takes Celery's own path
   (acknowledged when its run starts) and what Celery loses is reported, split the same way;
 * duplicate: more than one end; each is tied to the fault that explains it (the worker killed after the
-  first run, a Redis or connection fault between the two, or a send the producer made again after an error);
+  first run, a Redis or connection fault between the two or within a second of its send (a reply lost, the
+  client sending again), or a send the producer made again after an error);
 * early: a start before the unit's due time: the one the run's own message carried (a retry's, which a fault
   may have sent twice, the ledger hearing of one send only), else its send's;
 * lateness: the first start less that due time (the send, for a call due now);
@@ -173,6 +174,13 @@ class Outcome:
                 )
         if self.sends[unit].get("r"):
             return True, "the producer sent it again after an error (the first send had gone through)"
+        sent = float(self.sends[unit]["t"])
+        for fault in self.faults:
+            if fault["kind"] in REDIS_FAULTS and sent - 1.0 <= fault["wall"] <= sent + 1.0:
+                return True, (
+                    f"{fault['kind']} at {fault['elapsed']}s, {sent - fault['wall']:+.3f}s from its send: the reply to "
+                    "a send that landed was lost and the client sent it again (a batch item is added twice)"
+                )
         for fault in self.faults:
             if fault["kind"] in WORKER_FAULTS and first["s"] - 1.0 <= fault["wall"] <= second["s"]:
                 return True, (
