@@ -354,14 +354,15 @@ class RedisDelay:
             and not name.startswith(CELERY_PREFIXES)
             and isinstance(self.app.tasks.get(name), DelayedTask)
         )
+        if not explicit and (self.app.conf.get("task_protocol") or 2) != 2:
+            # Protocol 1, set after the extension was made, cannot be stored: a plain task's call is Celery's, as
+            # without the extension (a delayed task's call goes on, to be refused with ConfigurationError).
+            return self.celery_send_task(name, *args, **kwargs)
         waits = len(args) > 2 or kwargs.get("countdown") is not None or kwargs.get("eta") is not None
         # Due now: no countdown nor eta, or a countdown of 0 (``self.retry(countdown=0)``).
         due_now = not waits or (len(args) <= 2 and kwargs.get("eta") is None and kwargs.get("countdown") == 0)
         all_tasks = self.app.conf.get("redisdelay_all_tasks")
-        # Protocol 1 (set after the extension was made) cannot be stored: a call due now is Celery's then.
-        trackable = bool(
-            track is not False and all_tasks and self._tracked(name) and (self.app.conf.get("task_protocol") or 2) == 2
-        )
+        trackable = bool(track is not False and all_tasks and self._tracked(name))
         if not explicit and not (all_tasks and (waits or self._limited(name) or (trackable and due_now))):
             return self.celery_send_task(name, *args, **kwargs)
         task = self.app.tasks.get(name)

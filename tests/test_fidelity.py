@@ -62,6 +62,34 @@ def test_task_message_protocol_1_configured_later_is_refused_at_the_first_park(r
         echo_on(rd).apply_async((1,), countdown=10)
 
 
+def test_a_plain_tasks_calls_under_protocol_1_configured_later_are_celerys_in_the_app_mode(redis_server: Any) -> None:
+    """Celery's ``t/integration/test_group_chains.py`` sets ``task_protocol = 1`` on a running app: its plain tasks'
+    calls, due now or with a countdown, are sent as Celery sends them (protocol 1 cannot be stored), not refused."""
+    queue = f"p1-{uuid.uuid4().hex[:8]}"
+    messages: dict[str, list[dict[str, Any]]] = {}
+    client = redis.Redis.from_url(f"{redis_server.url}/0")
+    for mode in ("without", "app"):
+        app = Celery(f"p1-{mode}", broker=f"{redis_server.url}/0", set_as_current=False)
+        app.conf.update(task_default_queue=f"{queue}-{mode}", redisdelay_all_tasks=True)
+        rd = RedisDelay(app) if mode == "app" else None
+        app.conf.task_protocol = 1
+
+        @app.task(name="tests.fidelity.p1", shared=False)
+        def p1(*args: Any) -> None: ...
+
+        p1.apply_async((1,), task_id="due-now")
+        p1.apply_async((2,), task_id="later", countdown=60)
+        raw = reversed(client.lrange(f"{queue}-{mode}", 0, -1))
+        messages[mode] = [json.loads(base64.b64decode(json.loads(one)["body"])) for one in raw]
+        if rd is not None:  # nothing stored (rd.stats() refuses protocol 1, as a delayed task's call does)
+            assert [key for key in client.keys("*") if key.startswith(b"redisdelay")] == []
+        app.close()
+    for message in (*messages["without"], *messages["app"]):
+        assert message.pop("eta", None) is None or message["id"] == "later"  # computed from the clock at the call
+    assert messages["app"] == messages["without"] and [m["id"] for m in messages["app"]] == ["due-now", "later"]
+    client.close()
+
+
 @pytest.mark.parametrize("method", ["cancel", "find", "requeue", "reschedule"])
 @pytest.mark.parametrize("bad", [None, 42, b"bytes-id"])
 def test_an_id_that_is_not_a_string_is_a_type_error_naming_it(rd: RedisDelay, method: str, bad: Any) -> None:
