@@ -451,6 +451,33 @@ def test_a_call_popped_by_a_worker_that_died_before_kombu_noted_it_is_swept_a_le
     assert entry(rd, waiting).meta["s"] in {"swept", "queued"} and entry(rd, waiting).meta.get("d") == 2
 
 
+def test_a_call_popped_from_a_list_too_long_to_look_through_is_swept_by_the_oldest_message_left(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    """Over 1,000 messages queued (a fleet behind its queue), the sweep does not look through the list: it drains
+    from its oldest end, so a call pushed before the oldest message still there was popped. A worker that died
+    before noting it no longer leaves it to the queue timeout (two hours by default)."""
+    app, rd = short_leases(make_app)
+    queue = app.conf.task_default_queue
+    echo = echo_task(rd)
+    lost = echo.apply_async(("lost",)).id
+    assert rd.tick()["released"] == 1
+    pushed = redis_ms(client)
+    wait_for(lambda: redis_ms(client) > pushed, WAIT, "the server's clock to move on")
+    later = [echo.apply_async((n,)).id for n in range(1_001)]  # pushed after it, in one step or more
+    tick_until(rd, lambda: client.llen(queue) == 1 + len(later), "every later call to be queued")
+    popped = client.brpop([queue], timeout=5)  # a worker pops the oldest message and dies before noting it
+    assert popped is not None and json.loads(popped[1])["properties"]["delivery_tag"] == f"{lost}.1"
+    assert client.llen(queue) == len(later) > 1_000, "too long to look through"
+
+    wait_for(lambda: rd.tick()["requeued"] == 1, WAIT, "the call popped by the dead worker to be swept")
+    assert entry(rd, lost).meta.get("d") in {1, 2} and entry(rd, lost).meta["s"] in {"swept", "queued"}
+    again = redis_ms(client)
+    wait_for(lambda: redis_ms(client) > again + 1500, WAIT, "a lease and a half to pass")
+    assert rd.tick()["requeued"] == 0, "the calls still in the list, pushed with the oldest or after, stay there"
+    assert all(entry(rd, call_id).meta.get("d", 1) == 1 for call_id in later)
+
+
 KOMBU_PUBLISHER = """
 import sys
 from kombu import Connection, Producer

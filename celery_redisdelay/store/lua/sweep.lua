@@ -21,8 +21,11 @@
 --   every call at or below it has been looked at), at most QUEUED_STEP of them. A call still queued, held by
 --   no one, pushed by release.lua onto one of the lists in KEYS, whose delivery kombu has not noted, is looked
 --   for in its list from the oldest end (LPOS over a list of at most LIST_SCAN entries, SCAN_BUDGET entries a
---   sweep in all): a call in neither place was lost with its worker, and is swept. A call still in its list,
---   or in a list too long to tell, holds the cursor before it, so that it is looked at again by the next
+--   sweep in all): a call in neither place was lost with its worker, and is swept. A longer list is not looked
+--   through: it drains from its oldest end, so a call pushed before the oldest message still in it (one of this
+--   store's, at its call's current delivery, still queued) has been popped, and is swept; one pushed with it or
+--   after it may still be there. A call still in its list, or in a list too long to tell, holds the cursor before
+--   it, so that it is looked at again by the next
 --   sweeps (the list drains in order) until it is RECHECK_LEASES leases old: the cursor then passes it, and
 --   it waits for the queue timeout if it is lost later. The calls after it in the page are still looked at.
 --   Calls pushed through kombu, and calls a warm shutdown gave back (meta.b: kombu put them back in its own
@@ -116,8 +119,27 @@ local default_queue_ms = tonumber(ARGV[4])
 if UNACKED and lease and default_queue_ms and next(queue_lists) then
     local recheck_before = now - RECHECK_LEASES * lease  -- pushed before this: looked at once, not again
     local budget = SCAN_BUDGET  -- list entries LPOS may still compare in this sweep
+    -- When the message at the oldest end of ``list`` was pushed (ms), if it is one of this store's messages at
+    -- its call's current delivery, still queued; nil if that cannot be told.
+    local oldest_pushed = {}
+    local function oldest_push(list)
+        if oldest_pushed[list] == nil then
+            oldest_pushed[list] = false
+            local oldest = redis.call('LINDEX', list, -1)
+            local tag = oldest and string.match(oldest, '"delivery_tag": "([^"]*)"}}$')
+            local other, delivery = string.match(tag or '', '^(.+)%.(%d+)$')
+            local score = other and redis.call('ZSCORE', INFLIGHT, other)
+            if score then
+                local meta = load_inflight_meta(other)
+                if meta.s == 'queued' and meta.h == nil and meta.b == nil and tonumber(meta.d) == tonumber(delivery) then
+                    oldest_pushed[list] = tonumber(score) - (tonumber(meta.q) or default_queue_ms)
+                end
+            end
+        end
+        return oldest_pushed[list] or nil
+    end
     -- 'there' (in its list, in a list too long to tell, or out of budget), or 'gone'; nil: nothing to tell
-    local function whereabouts(id, meta)
+    local function whereabouts(id, meta, score)
         local list, delivery = meta.l, tonumber(meta.d)
         if meta.h ~= nil or meta.s ~= 'queued' or meta.b ~= nil or type(list) ~= 'string' or not queue_lists[list]
             or not delivery or redis.call('HEXISTS', UNACKED, id .. '.' .. string.format('%d', delivery)) == 1 then
@@ -129,11 +151,13 @@ if UNACKED and lease and default_queue_ms and next(queue_lists) then
             return nil
         end
         local length = redis.call('LLEN', list)
-        if length > LIST_SCAN or length > budget then
-            return 'there'
-        end
         if length == 0 then
             return 'gone'
+        end
+        if length > LIST_SCAN or length > budget then
+            local oldest = oldest_push(list)
+            local pushed = score - (tonumber(meta.q) or default_queue_ms)
+            return (oldest and pushed < oldest) and 'gone' or 'there'
         end
         budget = budget - length
         -- From the oldest end, where a call pushed a lease ago is, if it is still there (MAXLEN: never more).
@@ -152,7 +176,7 @@ if UNACKED and lease and default_queue_ms and next(queue_lists) then
             done = rows[i - 1]
         end
         local meta = load_inflight_meta(id)
-        local where = whereabouts(id, meta)
+        local where = whereabouts(id, meta, score)
         if where == 'gone' then
             sweep_call(id, meta)
         elseif where == 'there' and not blocked and score - default_queue_ms > recheck_before then
