@@ -40,7 +40,14 @@ class Notes:
     def add(self, rd: RedisDelay, key: str, request: Any, **fields: Any) -> None:
         found = rd.find(request.id) if request.id else None
         delivery = int(found.meta.get("d", 0)) if found is not None else 0
-        note = {"id": request.id, "pid": os.getpid(), "delivery": delivery, "at_ms": time.time() * 1000, **fields}
+        note = {
+            "id": request.id,
+            "pid": os.getpid(),
+            "delivery": delivery,
+            "at_ms": time.time() * 1000,
+            "eta": getattr(request, "eta", None),  # the message's own, to tell an early run from a late send
+            **fields,
+        }
         self.client().rpush(key, json.dumps(note))
 
 
