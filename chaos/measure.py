@@ -49,6 +49,9 @@ DOCUMENTED = {
     r"\{chaos(/\d+)?\}:workers": "the workers holding leases (a killed worker's entry stays until another worker's "
     "renewal finds it three leases old)",
     r"\{chaos\}:shards": "the shard registry (with redisdelay_shards > 1)",
+    r"\{chaos(/\d+)?\}:cancelled": "the calls cancelled in the last ten minutes (expires ten minutes after the last)",
+    r"\{chaos(/\d+)?\}:unrecorded": "cancelled calls whose caller could not say it recorded them revoked "
+    "(a fault cut that; expires ten minutes after the last cancel)",
     r"\{chaos(/\d+)?\}:lock-wake:.*": "a lock's wake-up list (expires 10 s after the release)",
     r"_kombu\.binding\..*": "kombu's queue bindings (a killed worker's pidbox binding stays)",
     r"unacked_mutex": "kombu's restore lock (expires)",

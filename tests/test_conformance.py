@@ -278,6 +278,12 @@ def test_cancel_records_the_call_revoked_as_a_revoke_does(conf: Any) -> None:
         fields = ("type", "uuid", "terminated", "signum", "expired")
         sent = {name: events.wait("task-revoked", r.id) for name, r in (("plain", plain), ("delayed", delayed))}
         assert {k: sent["delayed"][k] for k in fields} == {**{k: sent["plain"][k] for k in fields}, "uuid": delayed.id}
+        # Events of one process reach a monitor in order: a ping sent after both cancels comes after theirs.
+        with conf.app.events.default_dispatcher() as dispatcher:
+            dispatcher.send("conformance-ping", uuid=delayed.id)
+        events.wait("conformance-ping", delayed.id)
+        revoked = [e for e in list(events.seen) if e.get("type") == "task-revoked" and e.get("uuid") == delayed.id]
+        assert len(revoked) == 1, "the cancel again announced the call again"
     assert ran(conf, delayed.id) == 0
 
 

@@ -21,14 +21,18 @@ import redis
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 from kombu import Exchange, Queue
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-from celery_redisdelay import ConfigurationError, RedisDelay
+from celery_redisdelay import ConfigurationError, RedisDelay, RedisDelayError
 from celery_redisdelay.message.envelope import Envelope
 from celery_redisdelay.message.marks import ETA_HEADER
 from celery_redisdelay.message.stored import decode_stored
 from celery_redisdelay.message.wire import PREFIX
 from celery_redisdelay.operations import admin
+from celery_redisdelay.store.calls import CANCEL_MEMORY_MS
 from celery_redisdelay.worker.tracking import drop_revoked
+from tests.test_chaos import LosingReplies
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 
@@ -245,6 +249,82 @@ def test_cancel_marks_the_result_revoked(make_app: MakeApp, redis_server: Any) -
     assert int(rd.client.hget(rd.keys.counters, "cancelled")) == 1
 
 
+@pytest.mark.parametrize("drops", [1, 2], ids=["the-direct-path-tries-again", "redis-py-retries-too"])
+def test_a_cancel_whose_reply_was_lost_answers_true_and_records_the_call_revoked(
+    make_app: MakeApp, redis_server: Any, drops: int
+) -> None:
+    """The cancel lands, its reply is dropped (a CLIENT KILL mid-call), the client sends it again: the answer is
+    the first attempt's, and the call is recorded revoked, which only the first attempt's caller could have done
+    (the battle saw a lost reply answer False, and the result stay PENDING)."""
+    _, rd = with_backend(
+        make_app,
+        redis_server,
+        redisdelay_connection_options={
+            "connection_class": LosingReplies,
+            "retry": Retry(NoBackoff(), 3),
+            "retry_on_error": [redis.ConnectionError],
+        },
+    )
+    result = echo_on(rd).apply_async((1,), countdown=60)
+    LosingReplies.armed[result.id] = drops
+    try:
+        assert rd.cancel(result.id) is True
+        assert LosingReplies.dropped.count(result.id) == drops, "the cancel's reply was lost"
+    finally:
+        LosingReplies.armed.pop(result.id, None)
+    assert result.state == "REVOKED"
+    assert int(rd.client.hget(rd.keys.counters, "cancelled")) == 1
+    assert rd.client.hlen(rd.keys.unrecorded) == 0, "recorded revoked: a cancel again leaves it be"
+    assert rd.find(result.id) is None
+
+
+def test_a_cancel_that_failed_for_its_caller_is_answered_and_recorded_when_sent_again(
+    make_app: MakeApp, redis_server: Any
+) -> None:
+    """With no retry left, the caller sees the store error though the cancel landed; the caller's own retry gets
+    True and records the call revoked. A cancel after that answers False, as for any call no longer parked, and
+    records nothing."""
+    _, rd = with_backend(
+        make_app,
+        redis_server,
+        redisdelay_connection_options={"connection_class": LosingReplies, "retry": Retry(NoBackoff(), 0)},
+    )
+    result = echo_on(rd).apply_async((1,), countdown=60)
+    LosingReplies.armed[result.id] = 10
+    try:
+        with pytest.raises(RedisDelayError):
+            rd.cancel(result.id)
+    finally:
+        LosingReplies.armed.pop(result.id, None)
+    assert rd.find(result.id) is None, "the cancel landed"
+    assert result.state == "PENDING", "no caller recorded it revoked"
+    assert rd.client.hlen(rd.keys.unrecorded) == 1
+    assert rd.cancel(result.id) is True
+    assert result.state == "REVOKED"
+    assert rd.client.hlen(rd.keys.unrecorded) == 0
+    rd.app.backend.forget(result.id)
+    assert rd.cancel(result.id) is False
+    assert rd.app.AsyncResult(result.id).state == "PENDING", "the later cancel recorded nothing"
+    assert int(rd.client.hget(rd.keys.counters, "cancelled")) == 1
+
+
+def test_a_cancel_is_remembered_for_ten_minutes(make_app: MakeApp) -> None:
+    """Forgotten after CANCEL_MEMORY_MS: the store's memory of cancels expires with the last one, and older
+    cancels are trimmed by the next, even one whose caller never recorded it revoked."""
+    _, rd = make_app()
+    echo = echo_on(rd)
+    old, new = echo.apply_async((1,), countdown=60), echo.apply_async((2,), countdown=60)
+    assert rd.cancel(old.id) is True
+    ttl = rd.client.pttl(rd.keys.cancelled)
+    assert CANCEL_MEMORY_MS - 60_000 < ttl <= CANCEL_MEMORY_MS
+    rd.client.hset(rd.keys.unrecorded, old.id, b"")  # as if its caller never heard the answer
+    rd.client.zadd(rd.keys.cancelled, {old.id: 1})  # and it was cancelled at the epoch
+    assert rd.cancel(new.id) is True
+    assert rd.client.zrange(rd.keys.cancelled, 0, -1) == [new.id.encode()], "the old cancel was trimmed"
+    assert rd.client.hkeys(rd.keys.unrecorded) == [], "with what its caller did not record"
+    assert rd.cancel(old.id) is False
+
+
 def test_a_compressed_call_is_read_as_a_worker_reads_it_and_a_broken_one_still_cancels(
     make_app: MakeApp, redis_server: Any
 ) -> None:
@@ -305,6 +385,19 @@ def test_a_revoke_heard_by_a_worker_drops_parked_calls_for_good(make_app: MakeAp
     assert rd.find(parked.id) is None and parked.state == "REVOKED"
     entry = rd.find(released.id)
     assert entry is not None and entry.state == "inflight", "the worker that receives it discards it"
+
+
+def test_the_workers_hearing_one_revoke_record_it_once(make_app: MakeApp, redis_server: Any) -> None:
+    """Every worker hears a revoke broadcast: the one whose cancel drops the call records it; the others, a moment
+    later, find it cancelled and not yet recorded, and leave it to that one."""
+    _, rd = with_backend(make_app, redis_server)
+    parked = echo_on(rd).apply_async((1,), countdown=60)
+    [first] = rd.store.cancel_many([parked.id])  # the first worker, before it records the call
+    assert first.record and rd.client.hexists(rd.keys.unrecorded, parked.id)
+    assert drop_revoked(rd.depot, [parked.id]) == 0, "a second worker left it to the first"
+    assert parked.state == "PENDING"
+    assert rd.cancel(parked.id) is True, "a cancel sent again takes it over"
+    assert parked.state == "REVOKED"
 
 
 def test_a_result_of_a_task_that_ignores_results_is_not_waited_for(make_app: MakeApp, redis_server: Any) -> None:

@@ -71,7 +71,7 @@ def test_bulk_scripts_change_only_calls_in_their_state(rd: RedisDelay) -> None:
     store = rd.store
 
     payload = rd.client.hget(rd.keys.payloads, parked[0])
-    assert store.cancel_many([parked[0], dead[0], "unknown"]) == [(parked[0], payload)]
+    assert store.cancel_many([parked[0], dead[0], "unknown"]) == [(parked[0], payload, True)]
     due, moved = store.reschedule_many([parked[1], dead[0]], countdown_ms=0)
     assert moved == [parked[1]] and scores(rd, [parked[1]]) == [due]
     assert store.requeue_many([dead[0], dead[2], parked[2]]) == ([dead[0]], [dead[2]])

@@ -393,10 +393,15 @@ class StoreMachine(RuleBasedStateMachine):
         call_id = self.draw_id(data, is_delayed)
         call = self.in_state(call_id, "delayed")
         dropped = self.store.cancel(call_id)
-        assert (dropped is not None) is (call is not None)
+        # A call cancelled before is remembered, recorded revoked (its caller said so), with nothing to record.
+        fresh = dropped if dropped is not None and dropped.record else None
+        assert (fresh is not None) is (call is not None)
         if call is not None:
-            assert dropped == (call_id, call.payload), "cancel returns what the call held"
+            assert dropped == (call_id, call.payload, True), "cancel returns what the call held"
+            self.store.cancel_done([call_id])
             self.forget(call_id, call, "cancelled")
+        elif dropped is not None:
+            assert dropped == (call_id, b"", False) and self.calls[call_id].state == "cancelled"
 
     @precondition(lambda self: self.any_call(is_delayed))
     @rule(data=st.data(), countdown=st.sampled_from([0, FAR]))

@@ -43,10 +43,16 @@ OUTCOMES = ("acked", "revoked", "expired")
 
 
 class Cancelled(NamedTuple):
-    """A call dropped from the delay set, with the payload it held."""
+    """A call dropped from the delay set, with the payload it held. ``record``: it is not yet recorded revoked
+    (cancelled now, or by a cancel whose caller never recorded it); else ``payload`` is empty."""
 
     id: str
     payload: bytes
+    record: bool = True
+
+
+#: How long a store remembers a cancel (ms): a cancel sent again within it is answered as the first was.
+CANCEL_MEMORY_MS = 10 * 60 * 1000
 
 
 @dataclass(frozen=True)
@@ -408,7 +414,8 @@ class CallStore:
         return bool(self._run("bury", [call_id, reason, flag], f"dead-letter call {call_id}"))
 
     def cancel(self, call_id: str) -> Cancelled | None:
-        """Drop a parked call: what it held, or None when it was not parked here."""
+        """Drop a parked call: what it held, or None when it was not parked here (nor cancelled here in the last
+        :data:`CANCEL_MEMORY_MS`)."""
         dropped = self.cancel_many([call_id])
         return dropped[0] if dropped else None
 
@@ -419,10 +426,22 @@ class CallStore:
 
     # -- many calls at once (the operator's bulk actions; at most LARGEST_STEP ids per call) ------------
 
-    def cancel_many(self, call_ids: Sequence[str]) -> list[Cancelled]:
-        """Drop the calls still parked here (1 to 1,000 ids): each dropped call with its payload."""
-        flat = self._run("cancel", _step(call_ids), f"cancel {_which(call_ids)}")
-        return [Cancelled(text(flat[i]), flat[i + 1]) for i in range(0, len(flat), 2)]
+    def cancel_many(self, call_ids: Sequence[str], *, take_over: bool = True) -> list[Cancelled]:
+        """Drop the calls still parked here (1 to 1,000 ids): each dropped call with its payload, and each
+        call cancelled here in the last :data:`CANCEL_MEMORY_MS` (a cancel sent again after its reply was
+        lost is answered so), to record if its caller has not and ``take_over``. Once recorded revoked, tell
+        :meth:`cancel_done`."""
+        flat = self._run(
+            "cancel",
+            [CANCEL_MEMORY_MS, "1" if take_over else "0", *_step(call_ids)],
+            f"cancel {_which(call_ids)}",
+            [self.keys.cancelled, self.keys.unrecorded],
+        )
+        return [Cancelled(text(flat[i]), flat[i + 1], flat[i + 2] in (b"1", "1")) for i in range(0, len(flat), 3)]
+
+    def cancel_done(self, call_ids: Sequence[str]) -> None:
+        """The cancelled calls ``call_ids`` are recorded revoked: a cancel sent again leaves them be."""
+        self._run("cancel_done", _step(call_ids), f"note {_which(call_ids)} recorded revoked", [self.keys.unrecorded])
 
     def reschedule_many(
         self, call_ids: Sequence[str], *, countdown_ms: int | None = None, due_ms: int | None = None

@@ -1,8 +1,9 @@
 """Names of the Redis keys, built in one place.
 
 All keys of one call store share one hash tag (``{prefix}``, or ``{prefix:N}`` for the shards of
-``redisdelay_shards``), so every script runs on one Redis Cluster slot: the twenty fixed keys, and the
-per-name keys of batch groups and locks. Validation runs use their own hash tag, one per run.
+``redisdelay_shards``), so every script runs on one Redis Cluster slot: the twenty fixed keys, the
+per-name keys of batch groups and locks, and the cancel scripts' memory of cancels. Validation runs use
+their own hash tag, one per run.
 """
 
 from __future__ import annotations
@@ -131,6 +132,18 @@ class Keyspace:
     def paused(self) -> str:
         """The calls waiting on a pause (a lex-ordered zset: target NUL due NUL id), in due order per target."""
         return self._key("paused")
+
+    @property
+    def cancelled(self) -> str:
+        """The calls cancelled here lately, by when (see ``cancel.lua``): a cancel sent again is answered as the
+        first was. It expires with its last cancel's memory."""
+        return self._key("cancelled")
+
+    @property
+    def unrecorded(self) -> str:
+        """The cancelled calls whose caller has not yet recorded them revoked: id -> payload, so that a cancel
+        sent again after a lost reply can record them."""
+        return self._key("unrecorded")
 
     @property
     def store_keys(self) -> list[str]:

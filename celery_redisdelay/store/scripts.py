@@ -30,6 +30,7 @@ STORE_SCRIPTS = (
     "sweep",
     "bury",
     "cancel",
+    "cancel_done",
     "requeue_dead",
     "purge_dead",
     "batch_add",

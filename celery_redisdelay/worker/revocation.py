@@ -22,7 +22,7 @@ from celery.app.task import Context
 from ..errors import RedisDelayError
 from ..message.envelope import EnvelopeError
 from ..message.stored import BatchCall, decode_body, decode_stored
-from ..store.shards import on_shards
+from ..store.shards import chunks, on_shards
 
 if TYPE_CHECKING:
     from ..store.calls import CallStore, Cancelled
@@ -78,30 +78,46 @@ def announce_revoked(
             sender.send("task-revoked", uuid=call_id, terminated=False, signum=None, expired=False)
 
 
-def cancel_many(depot: Depot, task_ids: Sequence[str]) -> list[str]:
+def cancel_many(depot: Depot, task_ids: Sequence[str], *, take_over: bool = True) -> list[str]:
     """Drop the calls among ``task_ids`` that are still parked, 1,000 per script call, and record each
-    as revoked (:func:`announce_revoked`); returns the ids cancelled (the others were not parked)."""
-    dropped: list[Cancelled] = []
+    as revoked (:func:`announce_revoked`); returns the ids cancelled (the others were not parked).
+
+    A cancel sent again because its reply was lost (to a dropped connection: redis-py or the caller sends
+    it once more) is answered as the first attempt would have been, and records the call revoked, which
+    that attempt's caller could not: the store keeps each cancelled call's payload until its caller says it
+    is recorded (for ten minutes at most). Once recorded, a cancel of it answers False like any other. Two
+    callers cancelling one call at the same instant may both record it. Without ``take_over`` (the workers
+    that all hear one ``revoke`` broadcast), only a call this cancel dropped is recorded and answered."""
+    dropped: list[tuple[CallStore, Cancelled]] = []
 
     def cancel(store: CallStore, ids: list[str]) -> tuple[list[str], list[str]]:
-        found = store.cancel_many(ids)
-        dropped.extend(found)
+        found = [call for call in store.cancel_many(ids, take_over=take_over) if call.record]
+        dropped.extend((store, call) for call in found)
         return [call.id for call in found], []
 
     cancelled = on_shards(depot.shards, task_ids, cancel)[0]
     app, failed = depot.app, []
+    recorded: dict[int, tuple[CallStore, list[str]]] = {}
     with contextlib.ExitStack() as stack:
         # One event dispatcher for the lot, where task-revoked events are sent at all.
         dispatcher = None
         if app.conf.worker_send_task_events and len(dropped) > 1:
             with contextlib.suppress(Exception):  # then each call tries on its own, and says if it fails
                 dispatcher = stack.enter_context(app.events.default_dispatcher())
-        for call in dropped:
+        for store, call in dropped:
             try:
                 announce_revoked(depot, call.id, call.payload, dispatcher=dispatcher)
             except Exception as exc:  # noqa: BLE001 - every call is recorded that can be; then the error
                 logger.warning("redisdelay: cancelled %s but could not record it revoked: %r", call.id, exc)
                 failed.append(call.id)
+            else:
+                recorded.setdefault(id(store), (store, []))[1].append(call.id)
+    for store, ids in recorded.values():
+        try:
+            for chunk in chunks(ids):
+                store.cancel_done(chunk)
+        except RedisDelayError as exc:  # a cancel sent again records them again; they expire anyway
+            logger.warning("redisdelay: recorded %d cancelled call(s) revoked but could not say so: %s", len(ids), exc)
     if failed:
         raise RedisDelayError(
             f"{len(failed)} cancelled call(s) will not run, but their result could not be marked revoked "

@@ -138,5 +138,6 @@ def _app_of(task: Any) -> Any:
 
 
 def drop_revoked(depot: Depot, task_ids: list[str]) -> int:
-    """Drop revoked calls that are still parked and record them revoked; how many were parked."""
-    return len(cancel_many(depot, task_ids)) if task_ids else 0
+    """Drop revoked calls that are still parked and record them revoked; how many were parked. Every worker
+    hears the broadcast: the one whose cancel drops a call records it."""
+    return len(cancel_many(depot, task_ids, take_over=False)) if task_ids else 0
