@@ -200,10 +200,8 @@ def test_a_park_returns_once_the_replica_has_it(master_and_replica: tuple[RedisS
             assert all(copy.hexists(rd.store.keys.payloads, call_id) for call_id in parked)
 
         replica.terminate()
-        began = time.monotonic()
         with pytest.raises(NotReplicatedError, match="0 of 1 replicas confirmed it within 1000 ms"):
             echo.apply_async((99,), countdown=60, task_id="unconfirmed")
-        assert time.monotonic() - began < 10
         assert rd.find("unconfirmed") is not None, "it is stored on the master all the same"
     finally:
         app.close()
