@@ -217,6 +217,37 @@ def test_a_send_whose_reply_was_lost_queues_one_message(
         LosingReplies.armed.pop(unlucky, None)
 
 
+def test_a_paused_send_whose_reply_was_lost_is_set_aside_once(
+    make_app: MakeApp, queue: str, client: redis.Redis
+) -> None:
+    """The same, on a pause: the send is set aside on the pause, its reply is lost, the client sends it again. The
+    call waits once, counted once, and goes out once on resume."""
+    app, rd = make_app(
+        task_default_queue=queue,
+        redisdelay_connection_options={
+            "connection_class": LosingReplies,
+            "retry": Retry(NoBackoff(), 3),
+            "retry_on_error": [redis.ConnectionError],
+        },
+        **TRACKING,
+    )
+    add = plain_tasks(app)["add"]
+    rd.pause(task=add.name)
+    unlucky = str(uuid.uuid4())
+    LosingReplies.armed[unlucky] = 1
+    try:
+        add.apply_async((1, 2), task_id=unlucky)
+        assert LosingReplies.dropped.count(unlucky) == 1, "the send's reply was lost"
+    finally:
+        LosingReplies.armed.pop(unlucky, None)
+    assert client.zcard(rd.depot.keys.paused) == 1, "set aside once"
+    assert [pause["waiting"] for pause in rd.paused()] == [1]
+    assert int(client.hget(rd.depot.keys.counters, "parked")) == 1
+    assert rd.resume(task=add.name)
+    rd.tick()
+    assert [message["headers"]["id"] for message in broker_messages(client, queue)] == [unlucky]
+
+
 def test_a_tracked_call_runs_once_and_is_acknowledged(redis_server: RedisServer) -> None:
     """On prefork: at kombu 5.3.0, the lowest version we declare, a threads pool worker takes its messages in bursts
     5-10 s apart once it has drained its queue, with or without the extension (tests/test_pools.py covers every

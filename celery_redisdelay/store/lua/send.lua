@@ -9,7 +9,8 @@
 -- An id stored before (a retry of a running call with the same id sends its call again) gives up its key and the
 -- slots it held, as store() does. The very same send again while its message waits (the same id, message and
 -- metadata, in flight and not yet started: a client's retry after the reply to a send that landed was lost) pushes
--- nothing and counts nothing, as park.lua counts a park once: one message, one run.
+-- nothing and counts nothing, as park.lua counts a park once: one message, one run. So does the same send again of a
+-- call set aside on a pause.
 -- KEYS[FIXED_KEYS + 1]: the queue list the message goes to (kombu's name, priority included).
 -- ARGV: 1 id, 2 payload, 3 meta JSON, 4 default queue timeout (ms)
 -- A call of a paused task or queue (see "Pauses" in prelude.lua) is stored and put aside on its pause, due now, instead
@@ -33,6 +34,14 @@ if pauses and pauses.any_active then
     local ok, meta = pcall(cjson.decode, meta_json)
     local target = ok and type(meta) == 'table' and paused_target(pauses, meta.t, meta.l or list)
     if target then
+        -- The very same send again, already set aside on this pause: its metadata is this one with the note.
+        local raw = redis.call('HGET', META, id)
+        local noted = raw and load_meta(id).pd
+        if noted and raw == string.sub(meta_json, 1, -2) .. pause_note(target, tonumber(noted))
+                and redis.call('ZSCORE', PAUSED, paused_member(target, tonumber(noted), id))
+                and redis.call('HGET', PAYLOADS, id) == payload then
+            return {2, now}
+        end
         store(id, payload, meta_json, now)
         redis.call('ZREM', DELAYED, id)
         set_aside(target, now, id)
