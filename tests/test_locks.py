@@ -20,12 +20,15 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
+from redis.backoff import NoBackoff
 from redis.cluster import key_slot
+from redis.retry import Retry
 
 from celery_redisdelay import ConfigurationError, DelayedTask, RedisDelay, StoreUnavailableError
 from celery_redisdelay.errors import LockTimeout
 from celery_redisdelay.producer.locks import Lock
 from celery_redisdelay.testing import wait_for
+from tests.test_chaos import LosingReplies
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 WAIT = 5.0
@@ -347,6 +350,40 @@ def test_a_lock_whose_holder_is_gone_is_taken_over(rd: RedisDelay, client: redis
     woken = rd.find(waiter)
     assert woken is not None and woken.score_ms <= redis_ms(client), "and its release wakes the line"
     assert client.hget(rd.keys.counters, "lock_takeovers") == b"3"
+
+
+def test_the_same_take_again_holds_the_lock(rd: RedisDelay, client: redis.Redis) -> None:
+    """A take whose reply was lost and that the client sends again (the same token) holds the lock, in a task or
+    outside: answered busy, the task would wait behind itself, and a Lock until the expiry."""
+    task = order_task(rd)
+    call = task.apply_async(kwargs={"order_id": 5}).id
+    assert {claimed.id for claimed in rd.store.claim(10, 30_000)} == {call}
+    assert rd.store.start(call, 30_000, 30_000, "w1@h") == 1
+    for _ in range(2):
+        assert rd.store.lock_take("order:5", "tok-a", 60_000, call, 3000)[0] == 1
+    assert rd.find(call).state == "inflight", "not deferred"  # type: ignore[union-attr]
+    for _ in range(2):
+        assert rd.store.lock_take("outside", "tok-b", 60_000)[0] == 1
+    assert rd.store.lock_take("outside", "tok-c", 60_000)[0] == 0, "another take still finds it busy"
+    assert client.hget(rd.keys.counters, "lock_takeovers") is None
+
+
+def test_a_lock_whose_reply_was_lost_is_held_by_its_taker(make_app: MakeApp) -> None:
+    """The take lands, its reply is dropped, redis-py sends it again: ``rd.lock`` holds it at once."""
+    name = unique("lost-reply")
+    _, rd = make_app(
+        redisdelay_connection_options={
+            "connection_class": LosingReplies,
+            "retry": Retry(NoBackoff(), 3),
+            "retry_on_error": [redis.ConnectionError],
+        }
+    )
+    LosingReplies.armed[name] = 1
+    try:
+        with rd.lock(name, timeout=60, blocking_timeout=0):
+            assert LosingReplies.dropped.count(name) == 1, "the take's reply was lost"
+    finally:
+        LosingReplies.armed.pop(name, None)
 
 
 def test_a_lock_held_outside_tasks_is_never_taken_over(rd: RedisDelay, client: redis.Redis) -> None:

@@ -42,7 +42,13 @@ end
 if redis.call('SET', LOCK, value, 'NX', 'PX', tonumber(ARGV[2])) then
     return taken(1)
 end
-local held_delivery, holder = string.match(redis.call('GET', LOCK) or '', '^[^|]*|(%d+)|(.+)$')
+local held = redis.call('GET', LOCK) or ''
+if held == value then
+    -- The same take again (a token is one take's): its reply was lost and the client sent it once more. It holds
+    -- the lock; answered busy, a task would wait behind itself and a Lock until the expiry.
+    return taken(1)
+end
+local held_delivery, holder = string.match(held, '^[^|]*|(%d+)|(.+)$')
 if holder then
     local deadline = redis.call('ZSCORE', INFLIGHT, holder)
     if not deadline or tonumber(deadline) < now or (holder == id and delivery ~= held_delivery) then
