@@ -49,6 +49,7 @@ DOCUMENTED = {
     r"\{chaos(/\d+)?\}:workers": "the workers holding leases (a killed worker's entry stays until another worker's "
     "renewal finds it three leases old)",
     r"\{chaos\}:shards": "the shard registry (with redisdelay_shards > 1)",
+    r"\{chaos(/\d+)?\}:batch-adds:.*": "a batch group's last add ids (expires a minute after its last add)",
     r"\{chaos(/\d+)?\}:cancelled": "the calls cancelled in the last ten minutes (expires ten minutes after the last)",
     r"\{chaos(/\d+)?\}:unrecorded": "cancelled calls whose caller could not say it recorded them revoked "
     "(a fault cut that; expires ten minutes after the last cancel)",

@@ -21,12 +21,15 @@ import pytest
 import redis
 from celery import Celery
 from kombu.utils import json as kombu_json
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celery_redisdelay import ConfigurationError, PayloadError, RedisDelay, ScheduleError
 from celery_redisdelay.message.stored import BatchCall, decode_stored
 from celery_redisdelay.producer.batch import BatchedTask
 from celery_redisdelay.store.keys import group_id
 from celery_redisdelay.testing import wait_for
+from tests.test_chaos import LosingReplies
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 WAIT = 10.0
@@ -117,6 +120,41 @@ def test_size_flush_parks_exactly_those_items_due_now(rd: RedisDelay, client: re
     assert rd.stats() == {**EMPTY, "inflight": 1}
     assert task.add("area-7", {"parcel": 10}) is None, "the next add starts a new group"
     assert rd.stats() == {**EMPTY, "inflight": 1, "batch_groups": 1, "batch_items": 1}
+
+
+@pytest.mark.parametrize("fills", [False, True], ids=["while-the-group-waits", "that-filled-the-group"])
+def test_an_add_whose_reply_was_lost_is_added_once(make_app: MakeApp, client: redis.Redis, fills: bool) -> None:
+    """The add lands, its reply is dropped (a CLIENT KILL mid-call), redis-py sends it again: the item is in its
+    group once, and the answer is the first attempt's (the battle saw such an item run twice)."""
+    _, rd = make_app(
+        redisdelay_connection_options={
+            "connection_class": LosingReplies,
+            "retry": Retry(NoBackoff(), 3),
+            "retry_on_error": [redis.ConnectionError],
+        }
+    )
+    task = batched(rd, size=3, max_wait=240)
+    before = ["a", "b"] if fills else ["a"]
+    for item in before:
+        assert task.add("k", item) is None
+    unlucky = f"item-{uuid.uuid4()}"
+    LosingReplies.armed[unlucky] = 1
+    try:
+        result = task.add("k", unlucky)
+        assert LosingReplies.dropped.count(unlucky) == 1, "the add's reply was lost"
+    finally:
+        LosingReplies.armed.pop(unlucky, None)
+    waiting = client.lrange(rd.keys.batch_items(group_id(task.name, "k")), 0, -1)
+    if fills:
+        assert result is not None, "answered as the add that filled the group"
+        parked = rd.find(result.id)
+        assert parked is not None and parked.envelope is not None
+        assert decode_stored(parked.envelope) == BatchCall(task.name, "k", [*before, unlucky])
+        assert waiting == [] and rd.stats()["batch_items"] == 0
+    else:
+        assert result is None
+        assert waiting == [json.dumps(item).encode() for item in [*before, unlucky]]
+        assert rd.stats()["batch_items"] == 2
 
 
 def test_time_flush_after_max_wait(rd: RedisDelay, client: redis.Redis, queue: str) -> None:
@@ -318,7 +356,7 @@ def test_batch_of_a_task_unknown_to_the_releaser_is_dead_lettered(
 ) -> None:
     """One unknown batch flushed by size before a good call (released after it), one flushed by the tick."""
     group, parcels, meta = group_id("no.such.task", "k"), [{"parcel": 1}, {"parcel": 2}], {"t": "no.such.task"}
-    assert rd.store.batch_add(group, json.dumps(parcels[0]), 2, 240_000, "0-unknown", meta) == (1, None)
+    assert rd.store.batch_add(group, json.dumps(parcels[0]), 2, 240_000, "0-unused", meta) == (1, None)
     assert rd.store.batch_add(group, json.dumps(parcels[1]), 2, 240_000, "0-unknown", meta) == (0, "0-unknown")
     good = batched(rd, size=1, max_wait=240).add("k", "good")
     assert good is not None

@@ -468,12 +468,13 @@ class CallStore:
     def batch_add(
         self, group: str, item: str, size: int, max_wait_ms: int, call_id: str, meta: Limits | CallMeta
     ) -> tuple[int, str | None]:
-        """Add an item to a group: (items now waiting, id of the call this add released or None)."""
+        """Add an item to a group: (items now waiting, id of the call this add released or None). ``call_id``
+        is the add's own too: the same add again (its reply lost) adds nothing and answers as the first did."""
         waiting, released = self._run(
             "batch_add",
             [group, item, size, max_wait_ms, call_id, meta_json(meta)],
             f"add an item to batch group {group}",
-            [self.keys.batch_items(group)],
+            [self.keys.batch_items(group), self.keys.batch_adds(group)],
             replicated=True,
         )
         return int(waiting), text(released) or None

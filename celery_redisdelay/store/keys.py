@@ -175,6 +175,10 @@ class Keyspace:
         """The list of items waiting in one batch group (see :func:`group_id`)."""
         return self._key(f"batch:{group}")
 
+    def batch_adds(self, group: str) -> str:
+        """The ids of one batch group's recent adds, so that the same add sent again adds nothing."""
+        return self._key(f"batch-adds:{group}")
+
     def lock(self, name: str) -> str:
         return self._key(f"lock:{name}")
 
