@@ -15,6 +15,7 @@ from celery_redisdelay import RedisDelay
 from celery_redisdelay.message.marks import PARKED_HEADER, delivery_number, redelivered
 from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import pool_worker
+from tests.test_fidelity import echo_on
 from tests.test_leases import ENVELOPE, LONG_MS, in_flight
 from tests.test_store import entry
 
@@ -37,6 +38,25 @@ def test_the_store_says_which_delivery_is_current(rd: RedisDelay, client: redis.
     assert not rd.store.current("never-parked", 1)
     with pytest.raises(ValueError, match="a delivery number is 1 or more, not 0"):
         rd.store.current("call", 0)
+
+
+def test_a_copy_of_an_earlier_attempt_is_not_the_retrys_delivery(rd: RedisDelay) -> None:
+    """A retry parks the call again under its id and its deliveries count from 1 again: a copy of attempt 0's
+    message (kombu restores those of a dropped connection) is told from the retry's own delivery 1 by its
+    ``retries`` header, once the retry is released as while it waits (the battle saw such a copy run)."""
+    echo = echo_on(rd)
+    first = echo.apply_async((1,), countdown=0)
+    assert rd.tick()["released"] == 1
+    assert rd.store.start(first.id, LONG_MS, LONG_MS, "w1@h") == 1
+    assert rd.store.current(first.id, 1, "w1@h", 0), "attempt 0's own delivery"
+    retry = echo.signature((1,), retries=1).apply_async(task_id=first.id, countdown=0)  # as self.retry() parks
+    assert retry.id == first.id
+    assert rd.tick()["released"] == 1
+    stored = rd.find(first.id)
+    assert stored is not None and stored.meta["d"] == 1, "the retry's first delivery is number 1 again"
+    assert not rd.store.current(first.id, 1, "w1@h", 0), "a copy of attempt 0 is stale"
+    assert rd.store.current(first.id, 1, "w1@h", 1), "the retry's own delivery runs"
+    assert rd.store.current(first.id, 1, "w1@h"), "a message without the header is judged as before"
 
 
 def test_a_message_says_which_delivery_it_is() -> None:

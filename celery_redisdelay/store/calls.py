@@ -334,13 +334,17 @@ class CallStore:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
         return bool(self._run("ack", [call_id, outcome], f"acknowledge call {call_id}"))
 
-    def current(self, call_id: str, delivery: int, worker: str = "") -> bool:
+    def current(self, call_id: str, delivery: int, worker: str = "", retries: int | None = None) -> bool:
         """Whether delivery number ``delivery`` of a call, received again by ``worker``, is its current one (see
         ``delivery.lua``): False when a later delivery was made, another worker holds the call under a live
-        lease, or the call no longer waits for this one."""
+        lease, the message's ``retries`` header is not the stored message's (an earlier attempt's copy), or the
+        call no longer waits for this one."""
         if delivery < 1:
             raise ValueError(f"a delivery number is 1 or more, not {delivery!r}")
-        return bool(self._run("delivery", [call_id, delivery, worker], f"check the delivery of call {call_id}"))
+        attempt = "" if retries is None else retries
+        return bool(
+            self._run("delivery", [call_id, delivery, worker, attempt], f"check the delivery of call {call_id}")
+        )
 
     def track(
         self, entries: Sequence[tuple[str, str]], run_timeout_ms: int, lease_ms: int = 0, worker: str = ""

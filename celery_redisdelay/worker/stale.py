@@ -6,10 +6,11 @@ timeout (where the broker is not the store's Redis; on the store's own server th
 RabbitMQ requeues them as soon as the worker's connection drops. Both mark the message redelivered. The
 worker's message handler of each task whose calls may be parked asks the store about such a message before
 Celery's handler gets it (``delivery.lua``, one round trip, for redelivered messages only): a message of an
-older delivery than the call's current one, of a call another worker holds under a lease that has not run out
-(kombu restores a message a live worker has held past the visibility timeout, and those of a dropped
-connection), or of a call that is finished, cancelled, parked again or dead-lettered, is acknowledged and
-dropped, and logged. A message the store cannot be asked about runs
+older delivery than the call's current one, of an earlier attempt of a call that retried (its ``retries``
+header is not the stored message's: a retry's deliveries count from 1 again), of a call another worker holds
+under a lease that has not run out (kombu restores a message a live worker has held past the visibility
+timeout, and those of a dropped connection), or of a call that is finished, cancelled, parked again or
+dead-lettered, is acknowledged and dropped, and logged. A message the store cannot be asked about runs
 (at-least-once). First deliveries are not asked about: they cost nothing.
 """
 
@@ -53,9 +54,11 @@ class StaleDeliveries:
         number = delivery_number(str(call_id), getattr(message, "delivery_tag", None), headers)
         if call_id is None or number is None:
             return False  # not a delivery of a parked call
+        retries = headers.get("retries")
+        attempt = retries if isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0 else None
         try:
             current = self.depot.shards.first(
-                str(call_id), lambda store: store.current(str(call_id), number, self.hostname)
+                str(call_id), lambda store: store.current(str(call_id), number, self.hostname, attempt)
             )
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not check redelivered call %s; it runs: %s", call_id, exc)
