@@ -21,15 +21,13 @@ import pytest
 import redis
 from celery import Celery
 from kombu.utils import json as kombu_json
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from celery_redisdelay import ConfigurationError, PayloadError, RedisDelay, ScheduleError
 from celery_redisdelay.message.stored import BatchCall, decode_stored
 from celery_redisdelay.producer.batch import BatchedTask
 from celery_redisdelay.store.keys import group_id
 from celery_redisdelay.testing import wait_for
-from tests.test_chaos import LosingReplies
+from tests.test_chaos import LosingReplies, losing_replies
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 WAIT = 10.0
@@ -126,13 +124,7 @@ def test_size_flush_parks_exactly_those_items_due_now(rd: RedisDelay, client: re
 def test_an_add_whose_reply_was_lost_is_added_once(make_app: MakeApp, client: redis.Redis, fills: bool) -> None:
     """The add lands, its reply is dropped (a CLIENT KILL mid-call), redis-py sends it again: the item is in its
     group once, and the answer is the first attempt's (the battle saw such an item run twice)."""
-    _, rd = make_app(
-        redisdelay_connection_options={
-            "connection_class": LosingReplies,
-            "retry": Retry(NoBackoff(), 3),
-            "retry_on_error": [redis.ConnectionError],
-        }
-    )
+    _, rd = make_app(redisdelay_connection_options=losing_replies())
     task = batched(rd, size=3, max_wait=240)
     before = ["a", "b"] if fills else ["a"]
     for item in before:

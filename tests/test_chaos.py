@@ -170,19 +170,23 @@ class LosingReplies(redis.Connection):
         return reply
 
 
+def losing_replies(retries: int = 3) -> dict[str, Any]:
+    """Connection options of a store client whose replies :class:`LosingReplies` drops, and that redis-py sends
+    again ``retries`` times."""
+    return {
+        "connection_class": LosingReplies,
+        "retry": Retry(NoBackoff(), retries),
+        "retry_on_error": [redis.ConnectionError],
+    }
+
+
 @pytest.mark.parametrize("drops", [1, 2], ids=["the-direct-path-tries-again", "redis-py-retries-too"])
 def test_a_park_whose_reply_was_lost_is_counted_once(
     make_app: Callable[..., tuple[Celery, RedisDelay]], tmp_path: Path, drops: int
 ) -> None:
     """The park lands, its reply is dropped, the client sends it again (the store's direct path falls back to
     redis-py's, which retries under the client's policy): the history and the ledger agree on every count."""
-    _, rd = make_app(
-        redisdelay_connection_options={
-            "connection_class": LosingReplies,
-            "retry": Retry(NoBackoff(), 3),
-            "retry_on_error": [redis.ConnectionError],
-        }
-    )
+    _, rd = make_app(redisdelay_connection_options=losing_replies())
 
     @rd.delayed(name="tests.chaos.lost_reply")
     def noop(run_id: str, number: int) -> None:

@@ -21,8 +21,6 @@ import redis
 from celery import Celery
 from celery.exceptions import TaskRevokedError
 from kombu import Exchange, Queue
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from celery_redisdelay import ConfigurationError, RedisDelay, RedisDelayError
 from celery_redisdelay.message.envelope import Envelope
@@ -32,7 +30,7 @@ from celery_redisdelay.message.wire import PREFIX
 from celery_redisdelay.operations import admin
 from celery_redisdelay.store.calls import CANCEL_MEMORY_MS
 from celery_redisdelay.worker.tracking import drop_revoked
-from tests.test_chaos import LosingReplies
+from tests.test_chaos import LosingReplies, losing_replies
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 
@@ -259,11 +257,7 @@ def test_a_cancel_whose_reply_was_lost_answers_true_and_records_the_call_revoked
     _, rd = with_backend(
         make_app,
         redis_server,
-        redisdelay_connection_options={
-            "connection_class": LosingReplies,
-            "retry": Retry(NoBackoff(), 3),
-            "retry_on_error": [redis.ConnectionError],
-        },
+        redisdelay_connection_options=losing_replies(),
     )
     result = echo_on(rd).apply_async((1,), countdown=60)
     LosingReplies.armed[result.id] = drops
@@ -287,7 +281,7 @@ def test_a_cancel_that_failed_for_its_caller_is_answered_and_recorded_when_sent_
     _, rd = with_backend(
         make_app,
         redis_server,
-        redisdelay_connection_options={"connection_class": LosingReplies, "retry": Retry(NoBackoff(), 0)},
+        redisdelay_connection_options=losing_replies(0),
     )
     result = echo_on(rd).apply_async((1,), countdown=60)
     LosingReplies.armed[result.id] = 10

@@ -20,15 +20,13 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-from redis.backoff import NoBackoff
 from redis.cluster import key_slot
-from redis.retry import Retry
 
 from celery_redisdelay import ConfigurationError, DelayedTask, RedisDelay, StoreUnavailableError
 from celery_redisdelay.errors import LockTimeout
 from celery_redisdelay.producer.locks import Lock
 from celery_redisdelay.testing import wait_for
-from tests.test_chaos import LosingReplies
+from tests.test_chaos import LosingReplies, losing_replies
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 WAIT = 5.0
@@ -371,13 +369,7 @@ def test_the_same_take_again_holds_the_lock(rd: RedisDelay, client: redis.Redis)
 def test_a_lock_whose_reply_was_lost_is_held_by_its_taker(make_app: MakeApp) -> None:
     """The take lands, its reply is dropped, redis-py sends it again: ``rd.lock`` holds it at once."""
     name = unique("lost-reply")
-    _, rd = make_app(
-        redisdelay_connection_options={
-            "connection_class": LosingReplies,
-            "retry": Retry(NoBackoff(), 3),
-            "retry_on_error": [redis.ConnectionError],
-        }
-    )
+    _, rd = make_app(redisdelay_connection_options=losing_replies())
     LosingReplies.armed[name] = 1
     try:
         with rd.lock(name, timeout=60, blocking_timeout=0):

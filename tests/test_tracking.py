@@ -13,15 +13,13 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, shared_task
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.errors import ConfigurationError, PayloadError, StoreUnavailableError
 from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import pool_worker
 from tests.test_adoption import broker_messages, comparable, plain_tasks
-from tests.test_chaos import LosingReplies
+from tests.test_chaos import LosingReplies, losing_replies
 from tests.test_lease_workers import held
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -196,11 +194,7 @@ def test_a_send_whose_reply_was_lost_queues_one_message(
     queued and the call counted once, as a park is (the battle saw such a call run twice, 30-200 ms apart)."""
     app, rd = make_app(
         task_default_queue=queue,
-        redisdelay_connection_options={
-            "connection_class": LosingReplies,
-            "retry": Retry(NoBackoff(), 3),
-            "retry_on_error": [redis.ConnectionError],
-        },
+        redisdelay_connection_options=losing_replies(),
         **TRACKING,
     )
     add = plain_tasks(app)["add"]
@@ -224,11 +218,7 @@ def test_a_paused_send_whose_reply_was_lost_is_set_aside_once(
     call waits once, counted once, and goes out once on resume."""
     app, rd = make_app(
         task_default_queue=queue,
-        redisdelay_connection_options={
-            "connection_class": LosingReplies,
-            "retry": Retry(NoBackoff(), 3),
-            "retry_on_error": [redis.ConnectionError],
-        },
+        redisdelay_connection_options=losing_replies(),
         **TRACKING,
     )
     add = plain_tasks(app)["add"]
