@@ -454,10 +454,17 @@ def test_ten_thousand_eta_messages_from_a_producer_without_the_extension(redis_s
                 killed_ms = time.time() * 1000 + 1000  # the notes' clock: the kill's, give or take a second
                 run.restart_after_kill()
         alone.close()
-        wait_for(lambda: run.marks.llen(key) >= count, 180, f"{count} runs")
+
+        # Counted by id, not by runs: a call the kill caught runs twice, so the runs can reach the count while a
+        # message the killed worker held still waits for kombu to give it back (the visibility timeout, then
+        # kombu's next restore pass, every 10 s).
+        def missing() -> set[str]:
+            return set(etas) - {note["id"] for note in run.notes(key)}
+
+        wait_for(lambda: not missing(), 180, f"{count} calls to run", interval=1)
         wait_for(run.settled, 60, "every call to be acknowledged")
         notes = run.notes(key)
-        assert {note["id"] for note in notes} == set(etas), "a call was lost"
+        assert not missing() and {note["id"] for note in notes} <= set(etas), f"lost: {sorted(missing())[:5]}"
         # A call runs twice only if the SIGKILL caught its first run or the acknowledgement of it: on a slow machine
         # the first calls fall due (10 s) before the last of the half is parked.
         first: dict[str, float] = {}
