@@ -179,7 +179,7 @@ class Outcome:
             if fault["kind"] in REDIS_FAULTS and sent - 1.0 <= fault["wall"] <= sent + 1.0:
                 return True, (
                     f"{fault['kind']} at {fault['elapsed']}s, {sent - fault['wall']:+.3f}s from its send: the reply to "
-                    "a send that landed was lost and the client sent it again (a batch item is added twice)"
+                    "a send that landed was lost and the client sent it again"
                 )
         for fault in self.faults:
             if fault["kind"] in WORKER_FAULTS and first["s"] - 1.0 <= fault["wall"] <= second["s"]:
