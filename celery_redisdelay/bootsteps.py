@@ -20,7 +20,7 @@ from .extension import RedisDelay
 from .message.marks import received_from_store
 from .release.precise import PreciseReleasers
 from .worker.broker_loss import guard as guard_broker_loss
-from .worker.leases import Leases, delivery_tag, running_ids
+from .worker.leases import TURN_SECONDS, Leases, delivery_tag, running_ids
 from .worker.pausing import PausedCalls
 from .worker.received import ReceivedParking
 from .worker.stale import StaleDeliveries
@@ -28,6 +28,9 @@ from .worker.tracking import drop_revoked, parks_calls_of
 from .worker.unacked import install as skip_unacked
 
 logger = logging.getLogger(__name__)
+
+#: The attribute of the worker (Celery's ``WorkController``) that holds its leases, for its consumer's steps.
+LEASES = "redisdelay_leases"
 
 
 def name_worker(worker: Any) -> str:
@@ -67,15 +70,52 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
                 leases.received(request.id, delivery_tag(request))
 
         signals.task_received.connect(on_received, weak=False, dispatch_uid=f"redisdelay-leases-{id(self)}")
+        self.watch_the_loop(worker, leases)
         self.thread = threading.Thread(target=leases.run, name="redisdelay-leases", daemon=True)
         self.thread.start()
 
+    def watch_the_loop(self, worker: Any, leases: Leases) -> None:
+        """Note the runs that hold the thread of the worker's event loop, for the leases to tell a stuck loop
+        (see :mod:`celery_redisdelay.worker.leases`); :class:`LoopTurnStep` notes its turns."""
+        setattr(worker, LEASES, leases)
+        uid = f"redisdelay-loop-{id(self)}"
+        signals.task_prerun.connect(lambda **_: leases.run_in_loop(True), weak=False, dispatch_uid=uid)
+        signals.task_postrun.connect(lambda **_: leases.run_in_loop(False), weak=False, dispatch_uid=uid)
+
     def stop(self, worker: Any) -> None:
         signals.task_received.disconnect(dispatch_uid=f"redisdelay-leases-{id(self)}")
+        signals.task_prerun.disconnect(dispatch_uid=f"redisdelay-loop-{id(self)}")
+        signals.task_postrun.disconnect(dispatch_uid=f"redisdelay-loop-{id(self)}")
         if self.leases is not None:
             self.leases.close(running_ids())
 
     terminate = stop  # a cold stop too: kombu puts the messages of the calls not started back in the queue
+
+
+class LoopTurnStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
+    """The worker's event loop notes each turn for the leases (:meth:`Leases.loop_turns`), by a timer entry made
+    each time the consumer starts: Celery before 5.7 clears the loop's timer when a connection is lost. Pools
+    without an event loop (eventlet, gevent) are not watched."""
+
+    label = "redisdelay loop turns"
+
+    def __init__(self, consumer: Any, **kwargs: Any) -> None:
+        super().__init__(consumer, **kwargs)
+        self.entry: Any = None
+
+    def start(self, consumer: Any) -> None:
+        leases: Leases | None = getattr(consumer.controller, LEASES, None)
+        hub = getattr(consumer, "hub", None)
+        if leases is None or hub is None:
+            return
+        self.stop(consumer)
+        leases.loop_turns()
+        self.entry = hub.call_repeatedly(TURN_SECONDS, leases.loop_turns)
+
+    def stop(self, consumer: Any) -> None:
+        if self.entry is not None:
+            self.entry.cancel()
+            self.entry = None
 
 
 class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped

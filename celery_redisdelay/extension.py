@@ -148,6 +148,7 @@ class RedisDelay:
         app.steps["worker"].add("celery_redisdelay.bootsteps:ParkReceivedStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:StaleDeliveryStep")
         app.steps["consumer"].add("celery_redisdelay.bootsteps:SkipUnackedStep")
+        app.steps["consumer"].add("celery_redisdelay.bootsteps:LoopTurnStep")
         if app.configured:
             self._install_schedule(app.conf)
         app.on_after_configure.connect(self._on_configured, weak=False)

@@ -94,16 +94,32 @@ def hold_the_store_lock_at_each_fork(rd: RedisDelay) -> None:
     os.register_at_fork(before=before, after_in_parent=after_in_parent)
 
 
+def stall_the_loop_on(task_name: str, notes: Notes, key: str) -> None:
+    """Fault injection: the first worker to receive a call of ``task_name`` gets its event loop stuck there (in
+    a ``task_received`` handler, in the loop's thread) until ``key`` is set in the notes."""
+
+    def on_received(request: Any = None, **_: Any) -> None:
+        if getattr(request, "name", None) == task_name and notes.client().set(f"{key}:taken", 1, nx=True):
+            while not notes.client().get(key):
+                time.sleep(0.1)
+
+    signals.task_received.connect(on_received, weak=False)
+
+
 def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, RedisDelay]:
     """The app with ``conf`` and its tasks. Besides Celery's settings, ``conf`` may hold ``marks_url`` (where
-    the tasks note what they did) and ``hold_store_lock_at_fork`` (see :func:`hold_the_store_lock_at_each_fork`,
-    done in a worker's main process)."""
+    the tasks note what they did), ``hold_store_lock_at_fork`` (see :func:`hold_the_store_lock_at_each_fork`,
+    done in a worker's main process) and ``stall_loop_on`` (a task's name and a key, see
+    :func:`stall_the_loop_on`)."""
     conf = dict(conf)
     notes = Notes(conf.pop("marks_url", "redis://127.0.0.1:6379/2"))
     hold_lock = conf.pop("hold_store_lock_at_fork", False)
+    stall = conf.pop("stall_loop_on", None)
     app, rd = topology_proj.make_app(conf, name)  # the same defaults as the topology tests
     if hold_lock:
         signals.worker_init.connect(lambda **_: hold_the_store_lock_at_each_fork(rd), weak=False)
+    if stall:
+        signals.worker_init.connect(lambda **_: stall_the_loop_on(stall[0], notes, stall[1]), weak=False)
 
     @rd.delayed(name="pools.record", bind=True)
     def record(self: Any, key: str, value: Any = None) -> Any:

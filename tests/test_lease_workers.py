@@ -91,6 +91,53 @@ def test_a_run_longer_than_its_lease_on_a_live_worker_is_delivered_once(
         assert notes[0]["delivery"] == 1
 
 
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_the_calls_a_worker_with_a_stuck_event_loop_has_not_started_run_on_another_worker(
+    redis_server: RedisServer, pool: str
+) -> None:
+    # The worker's event loop gets stuck receiving a call, while a long call runs and another waits behind it.
+    # Its lease thread still renews; without a watch on the loop it would hold the waiting call for as long as
+    # the worker lives. The call runs on a second worker once a lease has passed without a turn of the loop.
+    unstall = f"stall-{pool}-{threading.get_ident()}-{id(redis_server)}"
+    with pool_worker(
+        redis_server,
+        pool,
+        concurrency=1,
+        hostname="first@%h",
+        redisdelay_precise_release=True,
+        stall_loop_on=["pools.record", unstall],
+        worker_prefetch_multiplier=10,
+        **SHORT,
+    ) as run:
+        key = f"{run.prefix}:runs"
+        first = run.worker
+        sleep = run.task("pools.sleep")
+        long = sleep.apply_async((key, 600.0))
+        wait_for(lambda: any(n["at"] == "start" for n in run.notes(key)), 30, "the long call to start")
+        waiting = sleep.apply_async((key, 0.0))
+        wait_for(lambda: (held(run, waiting.id) or "").startswith("first@"), 30, "the first worker to hold it")
+        stalls = run.task("pools.record").apply_async((key, "stalls the loop"))
+        try:
+            wait_for(lambda: run.marks.get(f"{unstall}:taken"), 30, "the first worker's loop to get stuck")
+        except TimeoutError:
+            raise AssertionError(where(run, stalls.id)) from None
+        run.worker = run.new_worker("second@%h").start()
+        try:
+            wait_for(
+                lambda: run.starts_by_worker(key).get(waiting.id) == ["second"],
+                60,
+                "the waiting call to run on the second worker",
+            )
+            assert "has not turned for" in first.output()
+            assert "in on_received" in first.output(), "the log shows where the loop is stuck"
+            assert run.starts_by_worker(key)[long.id] == ["first"], "the running call stays where it runs"
+        finally:
+            run.marks.set(unstall, 1)
+            first.kill()
+            first.stop()
+            first.remove_files()
+
+
 def where(run: Any, call_id: str) -> tuple[str, dict[str, Any]] | None:
     """A call's state and metadata, for a failure's message."""
     found = run.rd.find(call_id)

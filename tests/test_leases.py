@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -282,6 +283,58 @@ def test_an_outage_is_logged_once_and_the_leases_renewed_after_it(
     assert sum("could not renew" in message for message in messages) == 1, messages
     assert sum("answers again" in message for message in messages) == 1, messages
     assert entry(rd, "kept").meta["h"] == "w1"
+
+
+def test_a_stuck_event_loop_stops_renewing_the_calls_it_has_not_started(
+    rd: RedisDelay, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker's lease thread renews on its own: for a consumer whose event loop no longer turns, it would hold
+    # the calls that loop will never start for as long as the worker lives. After a whole lease without a turn,
+    # the renewals keep only the running calls; a run in the loop's own thread (the solo pool's) is no stall.
+    from celery.worker import state
+
+    now = [1000.0]
+    leases = Leases(rd.depot, "w1", clock=lambda: now[0])
+    for call_id in ("running", "waiting"):
+        in_flight(rd, call_id)
+        leases.received(call_id, f"tag-{call_id}")
+    monkeypatch.setattr(state, "requests", {"running": object(), "waiting": object()})
+    monkeypatch.setattr(state, "active_requests", [SimpleNamespace(id="running")])
+    renewed: list[list[str]] = []
+    original = rd.store.lease
+    monkeypatch.setattr(
+        rd.store, "lease", lambda *a, **k: renewed.append([call for call, _ in a[2] if call]) or original(*a, **k)
+    )
+    lease = rd.settings.lease
+
+    def renew() -> list[str]:
+        renewed.clear()
+        leases.renew()
+        return sorted(call for script in renewed for call in script)
+
+    assert renew() == ["running", "waiting"], "a loop never seen turning is not watched"
+    leases.loop_turns()
+    now[0] += lease - 1
+    assert renew() == ["running", "waiting"], "less than a lease without a turn"
+    with caplog.at_level(logging.WARNING, logger="celery_redisdelay.worker.leases"):
+        now[0] += 2
+        assert renew() == ["running"], "a lease without a turn: the call not started is left to lapse"
+        assert renew() == ["running"]
+        leases.run_in_loop(True)  # a solo pool's run holds the loop's thread: not a stall
+        now[0] += 5 * lease
+        assert renew() == ["running", "waiting"]
+        leases.run_in_loop(False)
+        now[0] += lease + 1
+        assert renew() == ["running"]
+        other = threading.Thread(target=leases.run_in_loop, args=(True,))  # a run in another thread holds nothing
+        other.start()
+        other.join(WAIT)
+        assert renew() == ["running"]
+        leases.loop_turns()
+        assert renew() == ["running", "waiting"]
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("has not turned for" in message and "1 call(s)" in message for message in messages) == 2, messages
+    assert sum("turns again" in message for message in messages) == 2, messages
 
 
 # -- settings ---------------------------------------------------------------------------------------------

@@ -17,13 +17,25 @@ are given back: kombu puts their messages back in the queue, and another worker 
 
 When Redis cannot be reached for a renewal, the worker logs it once per outage, keeps running its calls,
 and renews when Redis is back; a call whose lease ran out meanwhile may run twice.
+
+The thread renews on its own, so it would also renew for a worker whose consumer no longer turns: its event
+loop stuck in a callback, say. Such a worker starts nothing more, and the calls it received and has not started
+would wait on it for as long as it lives. So the loop notes each turn (a timer of the worker's event loop,
+every :data:`TURN_SECONDS`), and when it has not turned for a whole lease, while no run holds the main thread
+(the solo pool runs its calls there), the renewals leave out the calls not started: their leases run out and
+the sweep delivers them to another worker. The running ones are still renewed. Should the loop turn again, the
+worker may start such a call too (it ran elsewhere meanwhile: at-least-once). Pools without an event loop
+(eventlet, gevent) are not watched.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,6 +56,8 @@ logger = logging.getLogger(__name__)
 TAKE_BATCH = 100
 #: ... or this long after the first of them.
 TAKE_WINDOW_SECONDS = 0.005
+#: How often the worker's event loop notes that it turns (seconds).
+TURN_SECONDS = 1.0
 
 
 @dataclass
@@ -77,6 +91,10 @@ class Leases:
         self._closing = threading.Event()
         self._stopped = threading.Event()
         self._outage = False
+        self.turned: float | None = None  # the event loop's last turn; None: not watched (yet)
+        self._runs_in_loop = 0  # runs holding the loop's thread (the solo pool's)
+        self._loop: tuple[int, int] | None = None  # the process and thread of the event loop
+        self._stalled = False
 
     # -- the consumer's side (the main thread) ------------------------------------------------------------
 
@@ -89,6 +107,26 @@ class Leases:
             self._new.append(call_id)
             if len(self._new) == 1 or len(self._new) >= TAKE_BATCH:
                 self._wake.set()
+
+    def loop_turns(self) -> None:
+        """The worker's event loop turned (a timer of the loop calls it, in the loop's thread)."""
+        self._loop = (os.getpid(), threading.get_ident())
+        self.turned = self.clock()
+
+    def run_in_loop(self, started: bool) -> None:
+        """A run started (or ended), in any thread or process: counted when it is in the event loop's thread,
+        which waits for it and is not stuck meanwhile (the solo pool's runs)."""
+        if (os.getpid(), threading.get_ident()) != self._loop:
+            return
+        with self._lock:
+            self._runs_in_loop += 1 if started else -1
+        if not started:
+            self.turned = self.clock()
+
+    def loop_stuck(self) -> bool:
+        """Whether the event loop has not turned for a whole lease while no run holds it."""
+        turned = self.turned
+        return turned is not None and self._runs_in_loop <= 0 and self.clock() - turned > self.lease_ms / 1000
 
     # -- the thread ---------------------------------------------------------------------------------------
 
@@ -127,7 +165,32 @@ class Leases:
                     if request.id not in self.held and self.owns(request):
                         self.held[request.id] = Held(delivery_tag(request), self.clock())
             calls = [(call_id, held.tag) for call_id, held in self.held.items()]
-        self._hold(calls, renewal=True)
+        self._hold(self._while_stuck(calls), renewal=True)
+
+    def _while_stuck(self, calls: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``calls``, less the ones not started while the event loop is stuck (see the module's doc)."""
+        if not self.loop_stuck():
+            if self._stalled:
+                self._stalled = False
+                logger.warning("redisdelay: the worker's event loop turns again; its calls are renewed again")
+            return calls
+        running = running_ids()
+        kept = [call for call in calls if call[0] in running]
+        if not self._stalled:
+            self._stalled = True
+            logger.warning(
+                "redisdelay: the worker's event loop has not turned for %.0f s; the %d call(s) it received and "
+                "has not started are no longer renewed, so that another worker runs them. The loop is at:\n%s",
+                self.clock() - (self.turned or 0.0),
+                len(calls) - len(kept),
+                self._where_the_loop_is(),
+            )
+        return kept
+
+    def _where_the_loop_is(self) -> str:
+        """The stack of the event loop's thread, for the log."""
+        frame = sys._current_frames().get(self._loop[1]) if self._loop else None
+        return "".join(traceback.format_stack(frame)) if frame is not None else "(not found)"
 
     def _forget_finished(self) -> None:
         """Forget the calls received more than a renewal period ago whose requests Celery no longer has."""
