@@ -168,15 +168,16 @@ class Leases:
         self._hold(self._while_stuck(calls), renewal=True)
 
     def _while_stuck(self, calls: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """``calls``, less the ones not started while the event loop is stuck (see the module's doc)."""
-        if not self.loop_stuck():
+        """``calls``, less the ones not started while the event loop is stuck (see the module's doc). Not on a warm
+        stop: the calls not started were given back, and the loop may stop turning while the runs end."""
+        if self._closing.is_set() or not self.loop_stuck():
             if self._stalled:
                 self._stalled = False
                 logger.warning("redisdelay: the worker's event loop turns again; its calls are renewed again")
             return calls
         running = running_ids()
         kept = [call for call in calls if call[0] in running]
-        if not self._stalled:
+        if len(kept) < len(calls) and not self._stalled:  # a stall that holds nothing back (a reconnection) is not told
             self._stalled = True
             logger.warning(
                 "redisdelay: the worker's event loop has not turned for %.0f s; the %d call(s) it received and "
