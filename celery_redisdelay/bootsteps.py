@@ -19,6 +19,7 @@ from celery.utils.functional import maybe_list
 from .extension import RedisDelay
 from .message.marks import received_from_store
 from .release.precise import PreciseReleasers
+from .worker.accepting import StartOnAccept
 from .worker.broker_loss import guard as guard_broker_loss
 from .worker.leases import TURN_SECONDS, Leases, delivery_tag, running_ids
 from .worker.pausing import PausedCalls
@@ -119,8 +120,9 @@ class LoopTurnStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is 
 
 
 class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
-    """Runs a precise releaser (:mod:`celery_redisdelay.release.precise`) in a thread of each worker when
-    ``redisdelay_precise_release`` is on."""
+    """Runs a precise releaser (:mod:`celery_redisdelay.release.precise`) in a thread of each worker, unless
+    ``redisdelay_precise_release`` is False: it releases calls as they fall due and sweeps those whose lease ran out,
+    so that an app keeps its calls' contract with no beat running."""
 
     label = "redisdelay releaser"
 
@@ -131,7 +133,7 @@ class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Cele
 
     def start(self, worker: Any) -> None:
         rd = RedisDelay.of(worker.app)
-        if not rd.settings.precise_release:
+        if not rd.settings.workers_release:
             return
         self.releaser = PreciseReleasers(rd.releasers)
         self.thread = threading.Thread(target=self.releaser.run, name="redisdelay-releaser", daemon=True)
@@ -206,6 +208,20 @@ class StaleDeliveryStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
         # Wrapped after the stale check, so it looks first: a call of a paused task or queue is held back in the store
         # (worker/pausing.py) before anything else looks at it.
         PausedCalls(depot, rd.rules_of, owns, name_worker(worker)).install(worker.app.tasks)
+
+
+class StartOnAcceptStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
+    """The start of a run whose task dead-letters runs cut short with their worker is recorded when the pool
+    accepts it, before Celery acknowledges its message (:mod:`celery_redisdelay.worker.accepting`). Set up before
+    the worker's consumer makes its message handlers; a bad ``redisdelay_worker_lost`` on a task stops the worker
+    here, naming it."""
+
+    label = "redisdelay starts at accept"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        depot = RedisDelay.of(worker.app).depot
+        StartOnAccept(depot, functools.partial(parks_calls_of, depot), name_worker(worker)).install(worker.app.tasks)
 
 
 class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped

@@ -112,10 +112,10 @@ class RedisDelay:
             raise RedisDelayError(f"RedisDelay is already bound to app {app.main!r}; use RedisDelay.of(app)")
         # A misspelt redisdelay_* setting, before anything is bound: those set so far where the app's configuration
         # is still to be loaded (the rest are checked when the settings are read, see Settings.from_conf).
-        if app.configured:
-            settings_module.check_names(app.conf)
-        else:
-            settings_module.check_names(getattr(app, "_preconf", {}), app.namespace)
+        conf = app.conf if app.configured else getattr(app, "_preconf", {})
+        settings_module.check_names(conf, None if app.configured else app.namespace)
+        # A choice that changes what a task does when its worker dies is refused at once, naming the allowed ones.
+        settings_module.worker_lost_choice(conf.get("redisdelay_worker_lost"), "redisdelay_worker_lost")
         _EXTENSIONS[app] = self
         self.app: Any = app
         #: What the layers below take: the settings, the store and the stored form of this app's calls.
@@ -126,7 +126,7 @@ class RedisDelay:
         self._adopted: dict[str, AdoptedRules] = {}  # rules of the plain tasks redisdelay_all_tasks parks
         self._limited_names: dict[str, bool] = {}  # plain tasks under limits, whose every call is parked
         self._tracked_names: dict[str, bool] = {}  # plain tasks whose calls due now are tracked
-        settings_module.check_protocol(app.conf if app.configured else getattr(app, "_preconf", {}))
+        settings_module.check_protocol(conf)
         # Calls by name (app.send_task) to a delayed task of this app are parked too; Celery's own
         # send_task stays here for publishing at once (a released batch).
         self.celery_send_task: Callable[..., Any] = app.send_task
@@ -147,6 +147,7 @@ class RedisDelay:
         app.steps["worker"].add("celery_redisdelay.bootsteps:DurableRevokeStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:ParkReceivedStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:StaleDeliveryStep")
+        app.steps["worker"].add("celery_redisdelay.bootsteps:StartOnAcceptStep")
         app.steps["consumer"].add("celery_redisdelay.bootsteps:SkipUnackedStep")
         app.steps["consumer"].add("celery_redisdelay.bootsteps:LoopTurnStep")
         if app.configured:

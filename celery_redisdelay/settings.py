@@ -28,7 +28,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_max_deliveries": 10,
     "redisdelay_release_batch": 500,
     "redisdelay_fast_release": None,
-    "redisdelay_precise_release": False,
+    "redisdelay_precise_release": None,
     "redisdelay_max_payload_bytes": 1024 * 1024,
     "redisdelay_shards": 1,
     "redisdelay_cluster": False,
@@ -42,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_lease_renewal": 10.0,
     "redisdelay_skip_unacked": None,
     "redisdelay_track_due_now": None,
+    "redisdelay_worker_lost": None,
     "redisdelay_quotas": None,  # checked by store/limits.py when a call names a quota
     "redisdelay_task_limits": None,  # checked by producer/adoption.py at a plain task's first call
 }
@@ -142,7 +143,10 @@ class Settings:
     max_deliveries: int
     release_batch: int
     fast_release: bool | None = None
-    precise_release: bool = False
+    #: Each worker runs a precise releaser (release/precise.py): it releases due calls and sweeps the ones whose
+    #: lease ran out, so no beat is needed. None (the default) and True: every worker does; False: only beat's tick
+    #: or ``celery -A proj redisdelay releaser`` release and sweep.
+    precise_release: bool | None = None
     max_payload_bytes: int = 1024 * 1024
     shards: int = 1
     cluster: bool = False
@@ -171,6 +175,15 @@ class Settings:
     #: None (the default): where the broker is the store's Redis; True insists (a warning where it cannot); False
     #: leaves calls due now on Celery's own path.
     track_due_now: bool | None = None
+    #: What becomes of a call whose run was cut short with its worker, for every task that does not say
+    #: (``redisdelay_worker_lost`` on the task): :data:`DEAD_LETTER` or :data:`RUN_AGAIN`; None (the default): as
+    #: each task acknowledges (see :mod:`celery_redisdelay.worker.contract`).
+    worker_lost: str | None = None
+
+    @property
+    def workers_release(self) -> bool:
+        """Whether each worker runs a precise releaser (``redisdelay_precise_release`` not False)."""
+        return self.precise_release is not False
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
@@ -242,7 +255,7 @@ class Settings:
             max_deliveries=int(positive_setting(conf, "redisdelay_max_deliveries", integer=True)),
             release_batch=int(positive_setting(conf, "redisdelay_release_batch", integer=True)),
             fast_release=_optional_bool(conf, "redisdelay_fast_release"),
-            precise_release=bool(_optional_bool(conf, "redisdelay_precise_release")),
+            precise_release=_optional_bool(conf, "redisdelay_precise_release"),
             max_payload_bytes=int(positive_setting(conf, "redisdelay_max_payload_bytes", integer=True)),
             shards=int(positive_setting(conf, "redisdelay_shards", integer=True)),
             cluster=cluster or url.startswith(CLUSTER_SCHEMES),
@@ -256,7 +269,24 @@ class Settings:
             lease_renewal=lease_renewal,
             skip_unacked=_optional_bool(conf, "redisdelay_skip_unacked"),
             track_due_now=_optional_bool(conf, "redisdelay_track_due_now"),
+            worker_lost=worker_lost_choice(conf.get("redisdelay_worker_lost"), "redisdelay_worker_lost"),
         )
+
+
+#: A run cut short with its worker is run again (at-least-once) ...
+RUN_AGAIN = "run_again"
+#: ... or dead-lettered, not run again (at most once past its start).
+DEAD_LETTER = "dead_letter"
+WORKER_LOST_CHOICES = (DEAD_LETTER, RUN_AGAIN)
+
+
+def worker_lost_choice(value: Any, where: str) -> str | None:
+    """``value`` if it is one of :data:`WORKER_LOST_CHOICES` or None; ConfigurationError naming ``where`` and the
+    choices if not."""
+    if value is None or (isinstance(value, str) and value in WORKER_LOST_CHOICES):
+        return value
+    allowed = " or ".join(repr(choice) for choice in WORKER_LOST_CHOICES)
+    raise ConfigurationError(f"{where} must be {allowed}, or None (as the task acknowledges), not {value!r}")
 
 
 def _optional_bool(conf: Mapping[str, Any], name: str) -> bool | None:

@@ -44,6 +44,8 @@ class Notes:
             "id": request.id,
             "pid": os.getpid(),
             "delivery": delivery,
+            "phase": found.meta.get("s") if found is not None else None,  # as the store sees the call then
+            "once": found.meta.get("c") if found is not None else None,
             "at_ms": time.time() * 1000,
             "eta": getattr(request, "eta", None),  # the message's own, to tell an early run from a late send
             **fields,
@@ -144,15 +146,18 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
         notes.add(rd, key, self.request)
         return True
 
-    @rd.delayed(name="pools.sleep", bind=True)
-    def sleep(self: Any, key: str, seconds: float) -> float:
+    def sleep_noted(task: Any, key: str, seconds: float) -> float:
         """Note the start (with the worker running it), sleep ``seconds`` (or what ``<key>:sleep`` says, when
         set), note the end."""
-        notes.add(rd, key, self.request, at="start", worker=self.request.hostname)
+        notes.add(rd, key, task.request, at="start", worker=task.request.hostname)
         told = notes.client().get(f"{key}:sleep")
         time.sleep(float(told) if told is not None else seconds)
-        notes.add(rd, key, self.request, at="end", worker=self.request.hostname)
+        notes.add(rd, key, task.request, at="end", worker=task.request.hostname)
         return seconds
+
+    @rd.delayed(name="pools.sleep", bind=True)
+    def sleep(self: Any, key: str, seconds: float) -> float:
+        return sleep_noted(self, key, seconds)
 
     @rd.delayed(name="pools.abandon_once", bind=True, timeout=1)
     def abandon_once(self: Any, key: str) -> int:
@@ -190,11 +195,12 @@ def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, Red
     @app.task(name="plain.sleep", bind=True, shared=False)
     def plain_sleep(self: Any, key: str, seconds: float) -> float:
         """``pools.sleep`` as a plain task: its calls due now are tracked only with redisdelay_track_due_now."""
-        notes.add(rd, key, self.request, at="start", worker=self.request.hostname)
-        told = notes.client().get(f"{key}:sleep")
-        time.sleep(float(told) if told is not None else seconds)
-        notes.add(rd, key, self.request, at="end", worker=self.request.hostname)
-        return seconds
+        return sleep_noted(self, key, seconds)
+
+    @app.task(name="plain.sleep_late", bind=True, shared=False, acks_late=True)
+    def plain_sleep_late(self: Any, key: str, seconds: float) -> float:
+        """``plain.sleep`` acknowledged late (Celery's at-least-once setting)."""
+        return sleep_noted(self, key, seconds)
 
     @app.task(name="plain.retrying", bind=True, shared=False)
     def plain_retrying(self: Any, key: str, countdown: float) -> int:

@@ -20,7 +20,6 @@ from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import pool_worker
 from tests.test_adoption import broker_messages, comparable, plain_tasks
 from tests.test_chaos import LosingReplies, losing_replies
-from tests.test_lease_workers import held
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
 TRACKING = {"redisdelay_all_tasks": True, "redisdelay_track_due_now": True}
@@ -250,52 +249,6 @@ def test_a_tracked_call_runs_once_and_is_acknowledged(redis_server: RedisServer)
         notes = run.notes(key)
         assert sorted(n["id"] for n in notes) == sorted(ids), "each ran once"
         assert {n["delivery"] for n in notes} == {1}, "the store knew each call while it ran"
-
-
-@pytest.mark.e2e
-def test_a_killed_workers_calls_due_now_run_again_on_another_worker(redis_server: RedisServer) -> None:
-    """The target of the every-call work: a worker SIGKILLed while it runs a due-now call of a plain task and
-    holds six more prefetched; all seven start again on another worker, within the lease (short here; ``python -m
-    bench --only recovery_due_now`` measures it with the default lease)."""
-    short = {"redisdelay_lease": 3.0, "redisdelay_lease_renewal": 0.5}
-    with pool_worker(
-        redis_server,
-        "prefork",
-        concurrency=1,
-        hostname="first@%h",
-        worker_prefetch_multiplier=10,  # the worker holds all six while one runs
-        redisdelay_precise_release=True,  # the worker sweeps too: no beat here
-        **TRACKING,
-        **short,
-    ) as run:
-        key = f"{run.prefix}:runs"
-        sleep = run.task("plain.sleep")
-        long = sleep.delay(key, 600.0)
-        wait_for(lambda: any(n["at"] == "start" for n in run.notes(key)), 30, "the long call to start")
-        quick = [sleep.delay(key, 0.0).id for _ in range(6)]
-        broker = redis.Redis.from_url(run.conf["broker_url"])
-        wait_for(lambda: broker.llen(run.conf["task_default_queue"]) == 0, 30, "the worker to prefetch them")
-        wait_for(
-            lambda: all((held(run, i) or "").startswith("first@") for i in [long.id, *quick]),
-            30,
-            "the worker to hold every call it has",
-        )
-        first = run.worker
-        first.kill()
-        run.marks.set(f"{key}:sleep", 0)  # the long call, run again, ends at once
-        run.worker = run.new_worker("second@%h").start()
-        wait_for(lambda: "ready." in run.worker.output(), 60, "the second worker to be ready")
-
-        def on_second() -> set[str]:
-            return {n["id"] for n in run.notes(key) if n["worker"].startswith("second@")}
-
-        wait_for(lambda: on_second() >= {long.id, *quick}, 60, "every call of the killed worker to run again")
-        wait_for(run.settled, 30, "every call to be acknowledged")
-        starts = run.starts_by_worker(key)
-        assert starts[long.id] == ["first", "second"], "the run cut short runs again"
-        assert all(starts[call_id] == ["second"] for call_id in quick), "a call that never started runs once"
-        first.remove_files()
-        broker.close()
 
 
 def test_the_history_counts_a_tracked_call_as_parked_and_released(

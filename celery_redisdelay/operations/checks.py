@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 def server_problems(depot: Depot) -> list[str]:
     """Problems of the store's Redis that can lose parked calls; logged loudly when workers and beat start."""
     problems = []
+    if not depot.settings.workers_release:
+        now, oldest = 0.0, None  # the shard released longest ago (None: one never was)
+        for index, store in enumerate(depot.shards.all()):
+            now, released = store.last_release()
+            oldest = released if index == 0 or oldest is None or released is None else min(oldest, released)
+        problems += release_problems(depot, now, oldest)
     try:
         found: Any = depot.client.config_get("maxmemory-policy")
     except redis.RedisError:
@@ -40,6 +46,26 @@ def server_problems(depot: Depot) -> list[str]:
             "(they expire, so they are candidates); use noeviction to keep lock deferral exclusive"
         )
     return problems
+
+
+#: A releaser that has not run for this many tick intervals is taken for none at all (beat's tick runs every one).
+QUIET_TICKS = 5
+
+
+def release_problems(depot: Depot, now: float, last_release: float | None) -> list[str]:
+    """Nothing releases: the workers do not (``redisdelay_precise_release = False``) and no releaser has run for
+    :data:`QUIET_TICKS` tick intervals (``last_release``: when one last ran, s, the shard released longest ago; None:
+    never). Parked calls, the calls due now that had to be parked, and the calls of a dead worker would wait."""
+    settings = depot.settings
+    quiet = QUIET_TICKS * settings.tick_interval
+    if settings.workers_release or (last_release is not None and now - last_release <= quiet):
+        return []
+    since = "ever" if last_release is None else f"for {now - last_release:.0f} s"
+    return [
+        f"nothing releases: redisdelay_precise_release is False and no releaser has run {since}. Parked calls, calls "
+        "due now that had to be parked and the calls of a worker that died wait until beat (celery -A proj beat) or "
+        "a releaser (celery -A proj redisdelay releaser) runs; or remove the setting, and each worker releases"
+    ]
 
 
 def config_problems(depot: Depot) -> list[str]:
@@ -81,7 +107,7 @@ def config_problems(depot: Depot) -> list[str]:
 def limit_problems(depot: Depot) -> list[str]:
     """Rate limits faster than one call per tick without the precise releaser: a gate lets a call out only when
     a releaser looks, so the tick releaser runs such a task at one call per tick, below its limit."""
-    if depot.settings.precise_release:
+    if depot.settings.workers_release:
         return []
     tick_ms = depot.settings.tick_interval * 1000
     fast = sorted(
@@ -100,6 +126,6 @@ def limit_problems(depot: Depot) -> list[str]:
         return []
     return [
         f"{', '.join(fast)}: a rate limit faster than one call per tick ({depot.settings.tick_interval:g} s), and "
-        "redisdelay_precise_release is off: the tick releaser lets out one call of each key per tick, below the "
-        "limit. Set redisdelay_precise_release = True"
+        "redisdelay_precise_release is False: the tick releaser lets out one call of each key per tick, below the "
+        "limit. Remove the setting (each worker then releases as calls fall due)"
     ]

@@ -40,6 +40,8 @@ SENT, PARKED_NOW = 1, 2
 #: How a tracked call can end (``ack``), each counted in the ``counters`` hash: run by a worker, or
 #: discarded unrun by a worker because it was revoked or had expired.
 OUTCOMES = ("acked", "revoked", "expired")
+#: A start's op in :meth:`CallStore.track`, and its letter in track.lua.
+STARTS = {"start": "s", "start-once": "S"}
 
 
 class Cancelled(NamedTuple):
@@ -350,15 +352,16 @@ class CallStore:
         self, entries: Sequence[tuple[str, str]], run_timeout_ms: int, lease_ms: int = 0, worker: str = ""
     ) -> list[str]:
         """Write a worker process's starts and acknowledgements in one script, in order: ``entries`` are
-        (op, id), op ``"start"`` or the outcome of an acknowledgement (one of :data:`OUTCOMES`); a start is
-        :meth:`start` with ``run_timeout_ms``, ``lease_ms`` and ``worker``. 1 to 1,000 entries. The ids of
-        the entries that found no call here."""
+        (op, id), op one of :data:`STARTS` or the outcome of an acknowledgement (one of :data:`OUTCOMES`); a start
+        is :meth:`start` with ``run_timeout_ms``, ``lease_ms`` and ``worker``, and ``"start-once"`` one whose run,
+        if cut short with its worker, is dead-lettered instead of run again (``worker/contract.py``). 1 to 1,000
+        entries. The ids of the entries that found no call here."""
         ids = _step([call_id for _, call_id in entries])
         ops: list[str] = []
         for op, call_id in entries:
-            if op != "start" and op not in OUTCOMES:
-                raise ValueError(f"an entry is 'start' or one of {', '.join(OUTCOMES)}, not {op!r}")
-            ops += ["s" if op == "start" else op, call_id]
+            if op not in STARTS and op not in OUTCOMES:
+                raise ValueError(f"an entry is one of {', '.join((*STARTS, *OUTCOMES))}, not {op!r}")
+            ops += [STARTS.get(op, op), call_id]
         action = f"write the starts and acknowledgements of {_which(ids)}"
         return _texts(self._run("track", [run_timeout_ms, lease_ms, worker, *ops], action))
 
@@ -535,6 +538,15 @@ class CallStore:
             self.client.blpop([self.keys.lock_wake(name)], timeout=timeout)
 
     # -- reading ----------------------------------------------------------------------------------
+
+    def last_release(self) -> tuple[float, float | None]:
+        """The server's time and when a releaser last ran here (s since the epoch; None: never)."""
+        with redis_errors("read when a releaser last ran"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.time()
+            pipe.hget(self.keys.history, "released_at")
+            (seconds, micros), released_at = pipe.execute()
+        return seconds + micros / 1e6, None if released_at is None else int(released_at) / 1000
 
     def stats(self) -> dict[str, int]:
         """Counts per state, how many delayed calls are already due (overdue), and batch groups and items.

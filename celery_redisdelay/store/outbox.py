@@ -46,6 +46,9 @@ WINDOW_SECONDS = 0.002
 #: dropped connection (the chaos runs saw acks fail inside 0.2 s restarts), short for a worker.
 BACKOFF_SECONDS = (0.2, 1.0)
 START = "start"
+#: A start whose run, cut short with its worker, is dead-lettered rather than run again (worker/contract.py).
+START_ONCE = "start-once"
+STARTS = (START, START_ONCE)
 
 
 _OUTBOXES: weakref.WeakSet[Outbox] = weakref.WeakSet()
@@ -92,9 +95,10 @@ class Outbox:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, call_id: str, worker: str) -> None:
-        """A run of ``call_id`` started on ``worker`` (its hostname)."""
-        self._put(START, call_id, worker)
+    def start(self, call_id: str, worker: str, once: bool = False) -> None:
+        """A run of ``call_id`` started on ``worker`` (its hostname); ``once``: if it is cut short with its worker,
+        the call is dead-lettered rather than run again."""
+        self._put(START_ONCE if once else START, call_id, worker)
 
     def ack(self, call_id: str, outcome: str = "acked") -> None:
         """``call_id`` is finished as Celery sees it; ``outcome`` is counted (see ``CallStore.ack``)."""
@@ -134,7 +138,7 @@ class Outbox:
         acked_later: set[str] = set()
         kept: list[tuple[str, str, str]] = []
         for op, call_id, worker in reversed(entries):  # a start followed by its ack: the ack says it all
-            if op != START:
+            if op not in STARTS:
                 acked_later.add(call_id)
             elif call_id in acked_later:
                 continue
@@ -145,10 +149,10 @@ class Outbox:
         for op, call_id, worker in reversed(kept):
             store = self.depot.shards.home(call_id)
             scripts = shards.setdefault(store.keys.tag, (store, []))[1]
-            other_worker = op == START and bool(scripts) and scripts[-1].worker not in ("", worker)
+            other_worker = op in STARTS and bool(scripts) and scripts[-1].worker not in ("", worker)
             if not scripts or len(scripts[-1].entries) >= LARGEST_STEP or other_worker:
                 scripts.append(Script("", []))
-            if op == START:
+            if op in STARTS:
                 scripts[-1].worker = worker
             scripts[-1].entries.append((op, call_id))
         for store, scripts in shards.values():

@@ -23,6 +23,7 @@ from celery.states import IGNORED, REJECTED, RETRY
 from ..errors import Abandon, Deferred, RedisDelayError
 from ..message.marks import drop_mark, request_from_store
 from ..producer.adoption import adoptable
+from .contract import DEAD_LETTER, worker_lost
 from .revocation import cancel_many
 
 if TYPE_CHECKING:
@@ -70,8 +71,11 @@ def connect(depot: Depot) -> None:
         drop_mark(request)
         tracked.add(task_id)
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
-        # for this worker too, should it come first, under the name the leases use.
-        outbox.start(task_id, depot.worker_name or getattr(request, "hostname", None) or "")
+        # for this worker too, should it come first, under the name the leases use. A run that must not run
+        # again had its start written at the pool's accept already (worker/accepting.py); written again here, it
+        # costs nothing when the run ends within the outbox's window, and stands should the accept's be missing.
+        once = worker_lost(sender, depot.settings.worker_lost) == DEAD_LETTER
+        outbox.start(task_id, depot.worker_name or getattr(request, "hostname", None) or "", once=once)
 
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any

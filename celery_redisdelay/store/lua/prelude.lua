@@ -16,13 +16,16 @@
 --       g kombu's delivery tag of the delivery it holds, x the hard end of its run (start + r, when o);
 --       b 1 when a warm shutdown gave it back (kombu put its message back in its own form, see sweep.lua);
 --       rj the delivery its worker rejected with requeue (lease.lua's reject; a late start of it is stale);
+--       c 1 when its run, if cut short with its worker, is dead-lettered rather than run again (the task's
+--       contract, worker/contract.py; set by the start), st when that run started (ms);
 --       lg the call's gate when it is under limits (see "Limits"), lw its due time while it waits in the gate
 --       (s 'limited')
 --   KEYS[6] index     hash  unique/debounce key -> id of the parked call holding it
 --   KEYS[7] batches   zset  batch group -> when the group is flushed (ms): its first item + max wait
 --   KEYS[8] counters  hash  batch_items (items waiting in all groups), and running totals for metrics:
 --       released, late_ms_sum, late_le_<ms> (release lateness, see count_releases), swept, dead_lettered,
---       acked, revoked, expired (discarded unrun by a worker), cancelled, batches_flushed, lock_deferrals,
+--       acked, revoked, expired (discarded unrun by a worker), worker_lost (runs cut short with their worker
+--       and dead-lettered by their task's contract, see sweep.lua), cancelled, batches_flushed, lock_deferrals,
 --       lock_takeovers (locks taken over from a holder whose run was gone, see lock_take.lua),
 --       limit_released:<limit> (calls a limit let go); lock_lines (locks with a non-empty line of waiters)
 --   KEYS[9] wake      zset  markers for precise releasers: a call parked earlier than every other
@@ -115,7 +118,8 @@ local function count(name, n)
 end
 
 -- The names counted per minute: every one a minute can hold, so a minute is forgotten in one HDEL.
-local HISTORY_NAMES = {'parked', 'released', 'acked', 'revoked', 'expired', 'swept', 'dead_lettered', 'cancelled', 'limited',
+local HISTORY_NAMES = {'parked', 'released', 'acked', 'revoked', 'expired', 'swept', 'dead_lettered', 'worker_lost',
+    'cancelled', 'limited',
     'late_le_5', 'late_le_10', 'late_le_25', 'late_le_50', 'late_le_100', 'late_le_250', 'late_le_500',
     'late_le_1000', 'late_le_2500', 'late_le_5000', 'late_le_10000', 'late_le_30000', 'late_le_60000', 'late_le_inf'}
 -- At most this many minutes are forgotten per call, so the work is bounded even after a long pause.
@@ -580,6 +584,24 @@ local function unheld(meta)
 end
 
 -- Move a call to the dead-letter set, keeping its payload for inspection and requeue.
+-- ``ms`` (since the epoch) as UTC ISO 8601 text, to the millisecond: the civil date of a day count (H. Hinnant's
+-- days_from_civil, inverted), which Redis's Lua has no os.date for.
+local function utc_text(ms)
+    local seconds = math.floor(ms / 1000)
+    local z = math.floor(seconds / 86400) + 719468
+    local era = math.floor(z / 146097)
+    local doe = z - era * 146097
+    local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+    local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+    local mp = math.floor((5 * doy + 2) / 153)
+    local month = mp < 10 and mp + 3 or mp - 9
+    local year = yoe + era * 400 + (month <= 2 and 1 or 0)
+    local rest = seconds % 86400
+    return string.format('%04d-%02d-%02dT%02d:%02d:%02d.%03dZ', year, month, doe - (365 * yoe + math.floor(yoe / 4)
+        - math.floor(yoe / 100)) - math.floor((153 * mp + 2) / 5) + 1, math.floor(rest / 3600),
+        math.floor(rest % 3600 / 60), rest % 60, ms % 1000)
+end
+
 local function bury(id, meta, why, now)
     count('dead_lettered', 1)
     free_key(id, meta)
@@ -598,7 +620,7 @@ local function revive(id, now)
     local meta = load_meta(id)
     meta.d = 0
     meta.s = 'delayed'
-    meta.why = nil
+    meta.why, meta.c, meta.st = nil, nil, nil
     save_meta(id, meta)
     redis.call('ZREM', DEAD, id)
     redis.call('ZADD', DELAYED, now, id)
@@ -740,7 +762,7 @@ end
 -- the task's own run timeout (meta.o) is a hard end (meta.x) that no renewal passes. Without one, the
 -- deadline is the run timeout (meta.r, else default_run).
 -- Returns: 1 tracked, 2 taken back from the delay set, 0 unknown (cancelled, acknowledged or never parked).
-local function start_call(id, default_run, lease, worker)
+local function start_call(id, default_run, lease, worker, once)
     local meta, status
     if redis.call('ZSCORE', INFLIGHT, id) then
         meta, status = load_inflight_meta(id), 1
@@ -756,6 +778,8 @@ local function start_call(id, default_run, lease, worker)
     local now = now_ms()
     local deadline = now + (tonumber(meta.r) or default_run)
     meta.s, meta.rj = 'running', nil
+    -- Run at most once past this start: a run cut short with its worker is dead-lettered (sweep.lua), not run again.
+    meta.c, meta.st = once and 1 or nil, now
     if meta.o then
         meta.x = deadline
     end
@@ -781,8 +805,15 @@ end
 -- or 'expired' (a worker discarded it unrun). Returns 1 if the call was tracked, else 0.
 local function ack_call(id, outcome)
     local done = redis.call('ZREM', INFLIGHT, id)
-    if done == 0 and load_meta(id).s == 'swept' then
-        done = redis.call('ZREM', DELAYED, id)
+    if done == 0 then
+        local meta = load_meta(id)
+        if meta.s == 'swept' then
+            done = redis.call('ZREM', DELAYED, id)
+        elseif meta.s == 'dead' and meta.c then
+            -- Dead-lettered as cut short with its worker, and the run ended after all (a worker that lost Redis
+            -- for longer than its lease): it is no dead letter.
+            done = redis.call('ZREM', DEAD, id)
+        end
     end
     if done == 1 then
         forget(id)

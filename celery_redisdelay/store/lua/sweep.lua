@@ -50,7 +50,9 @@ local NEVER_HELD_STEP, QUEUED_STEP, LIST_SCAN, SCAN_BUDGET, RECHECK_LEASES = 500
 local now = now_ms()
 local requeued, buried = 0, 0
 
--- Back to the delay set, due now, or to the dead-letter set out of deliveries.
+-- Back to the delay set, due now, or to the dead-letter set: out of deliveries, or a run cut short with its worker
+-- whose task runs at most once past its start (meta.c, see start_call): Celery had acknowledged that message, and
+-- would not run it again; neither does the sweep, but it keeps the call, saying what happened.
 local function sweep_call(id, meta)
     local deliveries = tonumber(meta.d) or 0
     local limit = tonumber(meta.m) or tonumber(ARGV[2])
@@ -60,6 +62,14 @@ local function sweep_call(id, meta)
     end
     if redis.call('HEXISTS', PAYLOADS, id) == 0 then
         bury(id, meta, 'payload missing at sweep', now)
+        buried = buried + 1
+    elseif meta.s == 'running' and meta.c then
+        local started = tonumber(meta.st)
+        bury(id, meta, 'worker lost: the run of delivery ' .. deliveries .. ' that started on '
+            .. tostring(meta.h or 'a worker') .. (started and (' at ' .. utc_text(started)) or '') .. ' was cut short'
+            .. ' with its worker; its task runs a call at most once past its start (redisdelay_worker_lost), so it'
+            .. ' is not run again: requeue it to run it again', now)
+        count('worker_lost', 1)
         buried = buried + 1
     elseif limit > 0 and deliveries >= limit then
         bury(id, meta, 'not acknowledged after ' .. deliveries .. ' deliveries (last seen ' .. tostring(meta.s) .. ')', now)
