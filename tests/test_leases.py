@@ -20,6 +20,7 @@ import redis
 from celery import Celery
 
 from celery_redisdelay import ConfigurationError, RedisDelay
+from celery_redisdelay.errors import StoreUnavailableError
 from celery_redisdelay.store.calls import Entry
 from celery_redisdelay.testing import wait_for
 from celery_redisdelay.worker.leases import Leases
@@ -298,6 +299,7 @@ def test_a_stuck_event_loop_stops_renewing_the_calls_it_has_not_started(
     for call_id in ("running", "waiting"):
         in_flight(rd, call_id)
         leases.received(call_id, f"tag-{call_id}")
+    leases.take_new()  # as the thread does, at once
     monkeypatch.setattr(state, "requests", {"running": object(), "waiting": object()})
     monkeypatch.setattr(state, "active_requests", [SimpleNamespace(id="running")])
     renewed: list[list[str]] = []
@@ -572,7 +574,7 @@ def test_a_call_given_back_at_a_warm_shutdown_is_not_looked_for_in_its_list(
     assert popped is not None
     message = json.loads(popped[1])
     tag = message["properties"]["delivery_tag"]
-    assert rd.store.lease("w1", 1000, [(call.id, tag)], 1) == []
+    assert rd.store.lease("w1", 1000, [(call.id, tag)], -1) == []  # the worker's take
     assert rd.store.give_back("w1", 1000, [(call.id, tag)]) == []
     message["headers"]["redelivered"] = message["properties"]["delivery_info"]["redelivered"] = True
     client.rpush(queue, json.dumps(message))  # kombu's restore of the message
@@ -580,3 +582,55 @@ def test_a_call_given_back_at_a_warm_shutdown_is_not_looked_for_in_its_list(
     given_back = redis_ms(client)
     wait_for(lambda: redis_ms(client) > given_back + 1500, WAIT, "a lease and a half to pass")
     assert rd.tick()["requeued"] == 0 and entry(rd, call.id).meta["s"] == "queued"
+
+
+def test_a_lease_belongs_to_one_attempt_of_a_retried_call(make_app: MakeApp) -> None:
+    """A call retried with ``self.retry(countdown=0)`` is sent again under its id, tagged ``<id>.1`` like its first
+    attempt. The worker that ran the first attempt renews the call for a while after the run ended; that renewal must
+    not take the new attempt, or the worker that runs it would not hold it, and the sweep would deliver it again
+    while it runs once the first worker forgets it."""
+    from tests.test_adoption import plain_tasks
+
+    app, rd = make_app(redisdelay_all_tasks=True, redisdelay_track_due_now=True)
+    add = plain_tasks(app)["add"]
+    call_id = add.delay(1, 2).id
+    tag = f"{call_id}.1"
+    assert rd.store.lease("w1", LEASE_MS, [(call_id, tag)], -1) == [], "the first attempt's worker takes it"
+    assert rd.store.track([("start", call_id)], LONG_MS, LEASE_MS, "w1") == []
+    add.apply_async((1, 2), task_id=call_id)  # the retry: the same id sent again, due now
+    assert "h" not in entry(rd, call_id).meta
+
+    assert rd.store.lease("w1", LEASE_MS, [(call_id, tag)], 1) == [call_id], "a renewal of the first attempt"
+    assert "h" not in entry(rd, call_id).meta
+    assert rd.store.lease("w2", LEASE_MS, [(call_id, tag)], -1) == [], "the worker that received the new attempt"
+    assert entry(rd, call_id).meta["h"] == "w2"
+    assert rd.store.lease("w1", LEASE_MS, [(call_id, tag)], 1) == [call_id]
+    assert entry(rd, call_id).meta["h"] == "w2"
+
+
+def test_a_worker_whose_take_failed_takes_its_calls_at_the_renewal(
+    rd: RedisDelay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal does not take a call no worker has taken since it was sent (the attempt above): a worker whose take
+    did not reach Redis takes its calls again at the renewal, as takes."""
+    from tests.test_adoption import plain_tasks
+
+    app = rd.app
+    app.conf.update(redisdelay_all_tasks=True, redisdelay_track_due_now=True)
+    call_id = plain_tasks(app)["add"].delay(1, 2).id
+    leases = Leases(rd.depot, "w1")
+    leases.received(call_id, f"{call_id}.1")
+    original = rd.store.lease
+    failing = [True]
+
+    def lease(*args: Any, **kwargs: Any) -> list[str]:
+        if failing[0]:
+            failing[0] = False
+            raise StoreUnavailableError("Redis is unreachable (a test's)")
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rd.store, "lease", lease)
+    leases.take_new()
+    assert "h" not in entry(rd, call_id).meta, "the take failed"
+    leases.renew()
+    assert entry(rd, call_id).meta["h"] == "w1"

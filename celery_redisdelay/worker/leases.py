@@ -62,10 +62,12 @@ TURN_SECONDS = 1.0
 
 @dataclass
 class Held:
-    """A call the worker holds: kombu's delivery tag of the delivery, and when it was received."""
+    """A call the worker holds: kombu's delivery tag of the delivery, when it was received, and whether its take
+    reached Redis (a renewal does not take a call no worker has taken: lease.lua)."""
 
     tag: str
     received: float
+    taken: bool = False
 
 
 class Leases:
@@ -152,8 +154,15 @@ class Leases:
         with self._lock:
             new, self._new = self._new, []
             calls = [(call_id, self.held[call_id].tag) for call_id in new if call_id in self.held]
-        if calls:
-            self._hold(calls, renewal=False)
+        self._take(calls)
+
+    def _take(self, calls: list[tuple[str, str]]) -> None:
+        """Take ``calls``, and note them taken if the takes reached Redis."""
+        if calls and self._hold(calls, renewal=False):
+            with self._lock:
+                for call_id, _ in calls:
+                    if call_id in self.held:
+                        self.held[call_id].taken = True
 
     def renew(self) -> None:
         """Renew every call still held; forget the ones Celery no longer knows."""
@@ -165,7 +174,10 @@ class Leases:
                     if request.id not in self.held and self.owns(request):
                         self.held[request.id] = Held(delivery_tag(request), self.clock())
             calls = [(call_id, held.tag) for call_id, held in self.held.items()]
-        self._hold(self._while_stuck(calls), renewal=True)
+            untaken = [(call_id, held.tag) for call_id, held in self.held.items() if not held.taken]
+        calls = self._while_stuck(calls)
+        self._take([call for call in untaken if call in calls])  # takes that did not reach Redis, taken again first
+        self._hold(calls, renewal=True)
 
     def _while_stuck(self, calls: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """``calls``, less the ones not started while the event loop is stuck (see the module's doc). Not on a warm

@@ -21,8 +21,8 @@
 --         starts in batches) is stale and does not take the call back, as a late start does after the sweep
 --         (start_call). A start at channel close is not stale: the worker may not have heard yet that a pool
 --         process started the call.
--- Returns: the ids of the calls not held (hold: unknown, finished, held by another worker, or delivered again
--- since the delivery the worker names; give: not held by this worker; requeue and reject: held by another
+-- Returns: the ids of the calls not held (hold: unknown, finished, held by another worker, delivered again
+-- since the delivery the worker names, or a renewal of a call sent again since (an attempt no worker took yet); give: not held by this worker; requeue and reject: held by another
 -- worker, or delivered again since).
 local WORKERS = KEYS[FIXED_KEYS + 1]
 local wrong = check_type(WORKERS, 'hash')
@@ -43,10 +43,19 @@ local function earlier_delivery(id, tag, meta)
     local n = tonumber(string.sub(tag, #id + 2))
     return n ~= nil and n < (tonumber(meta.d) or 0)
 end
+-- A renewal (ARGV[4] 0 or more; a take says -1) of a call that no worker has taken or started since it was sent or
+-- released (its metadata still in the park form, see load_inflight_meta) comes from the worker of an earlier attempt
+-- under the same tag: a call retried with countdown 0 is sent again as '<id>.1', and its first worker renews it for a
+-- while after its run ended. A lease belongs to one attempt: only a take (the worker received this attempt) holds it.
+local renewal = tonumber(ARGV[4]) >= 0
+local function untaken(id)
+    local meta = load_meta(id)
+    return meta.s == 'delayed' and (tonumber(meta.d) or 0) == 0
+end
 for i = 5, #ARGV, 2 do
     local id, tag = ARGV[i], ARGV[i + 1]
     local score = redis.call('ZSCORE', INFLIGHT, id)
-    local meta = score and load_inflight_meta(id)
+    local meta = score and not (op == 'hold' and renewal and untaken(id)) and load_inflight_meta(id)
     if not meta or (meta.h ~= nil and meta.h ~= worker) or (meta.h == nil and earlier_delivery(id, tag, meta)) then
         missed[#missed + 1] = id
     elseif op == 'hold' then
