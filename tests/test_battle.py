@@ -1,20 +1,23 @@
 """The battle (``python -m chaos --battle``, issue 33): its seeded plan of calls and faults, its analysis of the
-ledger (exactly once, lost parked or due now, duplicates tied to a fault, early, lateness, recovery), its
-report, and one very short real battle with the extension under a worker SIGKILL, a releaser SIGKILL, a
-SIGKILL of Redis and a CLIENT KILL. Timings are not judged here."""
+ledger (exactly once, lost parked or due now, duplicates tied to a fault, early, lateness, recovery; the runs of
+early-ack tasks cut short by a kill, dead-lettered by contract with the extension and lost with plain Celery, and
+the ``worker lost`` dead letters no such run bears out), its report, and one very short real battle with the
+extension under a worker SIGKILL, a releaser SIGKILL, a SIGKILL of Redis and a CLIENT KILL. Timings are not judged
+here."""
 
 from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from chaos.battle.analysis import CELERY_NOW, PARKED, Outcome, quantiles
+from chaos.battle.analysis import CELERY_NOW, PARKED, TRACKED, Outcome, quantiles, reason_start
 from chaos.battle.app import units_of
-from chaos.battle.plan import BATCH, CANCEL, KINDS, NOW, WORKER_TERM, Mix, fault_counts, parse_shares, schedule
+from chaos.battle.plan import BATCH, CANCEL, KINDS, NOW, SLEEP, WORKER_TERM, Mix, fault_counts, parse_shares, schedule
 from chaos.battle.processes import parse_pools
 from chaos.battle.report import keys_left, rss_judgement, table, verdict
 from chaos.faults import REDIS_KILL, WORKER_KILL
@@ -142,6 +145,149 @@ def test_the_analysis_sorts_every_unit() -> None:
     kill = data["recovery"][0]
     assert kill["cut_short"] == 1 and kill["held"] == 1 and kill["not_run_again"] == 1
     assert kill["max_s"] == pytest.approx(13.0)  # 10.0: received before the kill at 12, ran at 25
+
+
+def worker_lost(call_id: str, worker: str, started: float) -> dict[str, Any]:
+    """A dead letter as the store's sweep makes it of a run cut short with its worker (store/lua/sweep.lua)."""
+    at = datetime.fromtimestamp(started, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
+    why = (
+        f"worker lost: the run of delivery 1 that started on {worker}@h at {at}Z was cut short with its worker; its "
+        "task runs a call at most once past its start (redisdelay_worker_lost), so it is not run again: requeue it "
+        "to run it again"
+    )
+    return {"id": call_id, "why": why, "at": started + 60.0}
+
+
+Rows = list[dict[str, Any]]
+
+
+def cut_short_battle(plain: bool) -> tuple[dict[str, Any], Rows, Rows, Rows, Rows]:
+    """Calls of early-ack tasks and the kills of their workers, as the ledger and the fault log have them."""
+    path = CELERY_NOW if plain else TRACKED
+    sends = {
+        "1.0": send(SLEEP, T0, T0, path, id="c1"),  # its run cut short by the kill at 12 s, never run again
+        "2.0": send(SLEEP, T0 + 1, T0 + 1, path, id="c2"),  # the same, on the worker killed at 30 s
+        "3.0": send(NOW, T0 + 2, T0 + 2, path, id="c3"),  # ran once, on a worker no fault hit
+        "4.0": send(NOW, T0 + 11.9, T0 + 11.9, path, id="c4"),  # accepted, then killed before its first write
+        "5.0": send(NOW, T0 + 29.0, T0 + 29.0, path, id="c5"),  # ended 0.2 s before its worker's kill
+    }
+    runs = [run("3.0", T0 + 2.1, T0 + 2.2, "worker2-3"), run("5.0", T0 + 29.7, T0 + 29.8, "worker1-2")]
+    starts = [start for start, _ in runs] + [
+        {"u": "1.0", "t": T0 + 11.0, "w": "worker0-1@h", "p": 1},
+        {"u": "2.0", "t": T0 + 29.5, "w": "worker1-2@h", "p": 1},
+    ]
+    received: Rows = [{"u": "4.0", "t": T0 + 11.95, "w": "worker0-1@h"}]
+    faults = [fault(WORKER_KILL, T0 + 12, "worker0-1 pid 10"), fault(WORKER_KILL, T0 + 30, "worker1-2 pid 11")]
+    return sends, starts, [end for _, end in runs], received, faults
+
+
+def test_a_run_cut_short_and_dead_lettered_is_by_contract_not_lost() -> None:
+    sends, starts, ends, received, faults = cut_short_battle(plain=False)
+    letters = [
+        worker_lost("c1", "worker0-1", T0 + 10.999),
+        worker_lost("c4", "worker0-1", T0 + 11.96),  # the store's start at the accept, 40 ms before the kill
+        worker_lost("c5", "worker1-2", T0 + 29.699),  # its run ended; the kill took its acknowledgement
+        {"id": "c9", "why": "not acknowledged after 5 deliveries (last seen queued)", "at": T0 + 90},
+    ]
+
+    data = Outcome(sends, starts, ends, {}, faults, received, letters).as_dict()
+
+    letter_rows = {row["unit"]: row for row in data["dead_letters"]["rows"]}
+    assert letter_rows["1.0"]["category"] == "cut" and letter_rows["1.0"]["id"] == "c1"
+    assert letter_rows["1.0"]["worker"] == "worker0-1" and "worker_kill at 12.0s" in letter_rows["1.0"]["why"]
+    assert letter_rows["4.0"]["category"] == "accepted" and "0.040s before its worker_kill" in letter_rows["4.0"]["why"]
+    assert letter_rows["5.0"]["category"] == "ended" and letter_rows["5.0"]["explained"]
+    figures = data["dead_letters"]
+    assert figures["by_contract"] == 2 and figures["cut"] == 1 and figures["accepted"] == 1
+    assert figures["ended"] == 1 and figures["ended_unexplained"] == 0 and figures["wrong"] == 0
+    assert figures["other"] == 1 and figures["per_worker_sigkill"] == 1.0
+    assert data["per_worker_sigkill"]["dead_lettered"] == 1.0
+    # Dead-lettered by contract: neither lost nor a duplicate. 2.0 has no dead letter: its run is lost, cut short.
+    assert [row["unit"] for row in data["lost"]["rows"]] == ["2.0"]
+    assert data["lost"]["rows"][0]["category"] == "cut" and data["lost"]["cut_short"] == 1
+    assert data["lost"]["tracked_beyond_bound"] == 1 and data["duplicates"]["total"] == 0
+    assert data["exactly_once"] == 2  # 3.0, and 5.0 whose dead letter came after its run ended
+    assert [row["dead_lettered"] for row in data["recovery"]] == [2, 0]
+    ok, problems = verdict(report_data(False, data, []))
+    assert not ok and problems == ["1 tracked calls due now lost (beyond Redis's own bound)"]
+    text = table({**report_data(False, data, []), "ok": ok, "problems": problems})
+    assert re.search(r"dead-lettered by contract +2 \(1\.0 per worker SIGKILL\): cut short in their run 1, at", text)
+    assert re.search(r"cut short, lost +1 runs started", text) and "c1        1.0 sleep     cut" in text
+
+
+def test_a_worker_lost_dead_letter_no_cut_short_run_bears_out_is_wrong() -> None:
+    sends, starts, ends, received, faults = cut_short_battle(plain=False)
+    letters = [
+        worker_lost("c1", "worker0-1", T0 + 10.999),
+        worker_lost("c2", "worker1-2", T0 + 29.499),
+        worker_lost("c3", "worker2-3", T0 + 2.099),  # ran once on a worker no fault hit: ended, unexplained
+        worker_lost("c4", "worker0-1", T0 + 10.0),  # the store's start 2 s before the kill, none in the ledger
+        worker_lost("c6", "worker0-1", T0 + 10.0),  # no call the battle sent
+    ]
+    sends = {**sends, "6.0": send(BATCH, T0, T0, PARKED, id="c7")}
+    starts = [*starts, {"u": "7.0", "t": T0 + 20.0, "w": "worker2-3@h", "p": 1}]
+    sends["7.0"] = send(NOW, T0 + 20, T0 + 20, PARKED, id="c8")
+    letters.append(worker_lost("c8", "worker2-3", T0 + 19.999))  # started, never ended, its worker never killed
+    batch_letter = worker_lost("c7", "worker0-1", T0 + 11.0)  # a batch's task runs again: no dead letter is due
+
+    data = Outcome(sends, starts, ends, {}, faults, received, [*letters, batch_letter]).as_dict()
+
+    rows = {row["id"]: row for row in data["dead_letters"]["rows"]}
+    assert rows["c1"]["category"] == rows["c2"]["category"] == "cut"
+    assert rows["c3"]["category"] == "ended" and not rows["c3"]["explained"]
+    assert rows["c4"]["category"] == "wrong" and "not within 1s before it" in rows["c4"]["why"]
+    assert rows["c6"]["category"] == "wrong" and rows["c6"]["unit"] is None
+    assert rows["c8"]["category"] == "wrong" and "with no fault of that worker after" in rows["c8"]["why"]
+    assert rows["c7"]["category"] == "wrong" and "runs a call cut short again" in rows["c7"]["why"]
+    assert data["dead_letters"]["wrong"] == 4 and data["dead_letters"]["ended_unexplained"] == 1
+    assert {row["unit"] for row in data["lost"]["rows"]} == {"4.0", "6.0", "7.0"}  # wrong letters count for nothing
+    ok, problems = verdict(report_data(False, data, []))
+    assert not ok
+    assert "4 'worker lost' dead letters no run cut short by a kill bears out" in problems
+    assert "1 'worker lost' dead letters of runs that ended, unexplained" in problems
+    everything_acks_late = Outcome(sends, starts, ends, {}, faults, received, letters[:1], acks_late=True).as_dict()
+    assert everything_acks_late["dead_letters"]["wrong"] == 1 and everything_acks_late["lost"]["cut_short"] == 2
+
+
+def test_plain_celery_loses_the_runs_cut_short_the_extension_dead_letters() -> None:
+    sends, starts, ends, received, faults = cut_short_battle(plain=True)
+
+    data = Outcome(sends, starts, ends, {}, faults, received).as_dict()
+
+    lost = {row["unit"]: row["category"] for row in data["lost"]["rows"]}
+    assert lost == {"1.0": "cut", "2.0": "cut", "4.0": "held"} and data["lost"]["cut_short"] == 2
+    assert data["lost"]["celery_now"] == 3 and data["dead_letters"]["by_contract"] == 0
+    text = table({**report_data(True, data, []), "ok": True, "problems": []})
+    assert re.search(r"cut short, lost +2 runs started, their worker killed, never run again", text)
+    assert re.search(r"dead-lettered by contract +- \(plain Celery has none", text)
+    assert verdict(report_data(True, data, [])) == (True, [])
+
+
+def test_a_worker_lost_dead_letter_of_a_run_that_ended_is_explained_by_a_lost_acknowledgement() -> None:
+    sends = {f"{n}.0": send(NOW, T0 + n, T0 + n, TRACKED, id=f"c{n}") for n in (1, 2, 3)}
+    runs = [
+        run("1.0", T0 + 40.0, T0 + 40.1, "worker2-3"),  # ended 0.9 s before the SIGKILL of Redis
+        run("2.0", T0 + 43.9, T0 + 44.0, "worker2-3"),  # ended while Redis was away: its acknowledgement dropped
+        run("3.0", T0 + 20.0, T0 + 20.1, "worker2-3"),  # ended long before any fault
+    ]
+    faults = [fault(REDIS_KILL, T0 + 41.0, "store redis-server", back=5.0)]
+    letters = [worker_lost(f"c{n}", "worker2-3", T0 + start - 0.001) for n, start in ((1, 40), (2, 43.9), (3, 20))]
+    starts, ends = [start for start, _ in runs], [end for _, end in runs]
+
+    data = Outcome(sends, starts, ends, {}, faults, (), letters).as_dict()
+
+    rows = {row["unit"]: row for row in data["dead_letters"]["rows"]}
+    assert rows["1.0"]["explained"] and "the acknowledgement was lost with the connection" in rows["1.0"]["why"]
+    assert rows["2.0"]["explained"] and "redis_kill at 41.0s, -3.000s from the end" in rows["2.0"]["why"]
+    assert not rows["3.0"]["explained"] and data["dead_letters"]["ended_unexplained"] == 1
+    assert data["exactly_once"] == 3 and data["dead_letters"]["by_contract"] == 0
+
+
+def test_a_worker_lost_reason_names_its_worker_and_start() -> None:
+    worker, started = reason_start(worker_lost("c1", "worker0-1", T0 + 1.25)["why"])
+    assert worker == "worker0-1" and started == pytest.approx(T0 + 1.25)
+    assert reason_start("worker lost: the run of delivery 2 that started on a worker was cut short") == (None, None)
+    assert reason_start("payload missing at sweep") == (None, None)
 
 
 def test_quantiles() -> None:

@@ -6,9 +6,16 @@ path: parked by the extension, or Celery's own, with an eta or due now), every s
 of one (a run that ended was acknowledged, or about to be), and every cancel.
 
 * exactly once: one end; a cancel that succeeded expects none;
-* lost: no end. A parked call lost is a bug of the package, unless it was acknowledged within Redis's own
-  bound (:data:`FSYNC_BOUND_SECONDS`) before a SIGKILL of Redis; a call due now takes Celery's own path
-  (acknowledged when its run starts) and what Celery loses is reported, split the same way;
+* dead-lettered by contract: no end, and its call is a dead letter of the store whose reason starts
+  :data:`WORKER_LOST`, which the ledger bears out (:meth:`Outcome.judge_letter`): a run of a task that
+  acknowledges early (plain ``@app.task``, Celery's default) cut short by a fault of its worker is not run
+  again (``celery_redisdelay/worker/contract.py``). Neither lost nor a duplicate. A ``worker lost`` dead letter
+  the ledger does not bear out is *wrong*; one of a run that ended (its acknowledgement lost) is reported apart;
+* lost: no end, and no such dead letter. A parked call lost is a bug of the package, unless it was acknowledged
+  within Redis's own bound (:data:`FSYNC_BOUND_SECONDS`) before a SIGKILL of Redis; a call due now takes
+  Celery's own path (acknowledged when its run starts) and what Celery loses is reported, split the same way.
+  Among them, runs *cut short*: started, a kill of their worker, never run again nor dead-lettered (what plain
+  Celery loses where the extension dead-letters);
 * duplicate: more than one end; each is tied to the fault that explains it (the worker killed after the
   first run, a Redis or connection fault between the two or within a second of its send (a reply lost, the
   client sending again), or a send the producer made again after an error);
@@ -22,9 +29,11 @@ of one (a run that ended was acknowledged, or about to be), and every cancel.
 from __future__ import annotations
 
 import math
+import re
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from statistics import median
 from typing import Any
 
@@ -40,6 +49,20 @@ TRACKED = "tracked"
 WORKER_FAULTS = ("worker_kill", "worker_term")
 REDIS_FAULTS = ("redis_kill", "redis_restart", "client_kill")
 ROW_LIMIT = 200
+#: How the reason of a dead letter starts when the store's sweep buried a run cut short with its worker.
+WORKER_LOST = "worker lost:"
+#: The kinds whose task runs a call again when its run is cut short (``@rd.batched``, ``@rd.delayed``): never
+#: dead-lettered for it. The others are plain ``@app.task`` tasks, which acknowledge early unless ``acks_late``.
+RUN_AGAIN_KINDS = ("batch", "lock")
+#: The store records a run's start when the pool accepts it, a moment before the run's first write to the ledger:
+#: a kill of its worker this soon after the store's start may leave a dead letter of a run the ledger never saw.
+ACCEPT_SECONDS = 1.0
+#: A run's acknowledgement reaches the store this soon after its end (the outbox's window and a round trip, or its
+#: retries while Redis is away): a fault within it may leave a run that ended dead-lettered all the same.
+ACK_SECONDS = 2.0
+#: The judgements of a ``worker lost`` dead letter that count its unit as dead-lettered by contract.
+BY_CONTRACT = ("cut", "accepted")
+_REASON = re.compile(r"started on (?P<worker>\S+?)(?: at (?P<at>\d{4}-\d\d-\d\dT[\d:.]+)Z)? was cut short")
 
 
 def quantiles(values: Iterable[float]) -> dict[str, Any]:
@@ -64,9 +87,25 @@ def worker_name(hostname: str) -> str:
     return hostname.split("@", 1)[0]
 
 
+def attempt(unit: str) -> int:
+    """The attempt of a unit (``1`` of ``"5.1"``, a retry)."""
+    return int(unit.rpartition(".")[2] or 0)
+
+
 def target_name(fault: Mapping[str, Any]) -> str:
     """The name of the process a fault hit (``worker0-3`` of ``worker0-3 pid 1234``)."""
     return str(fault.get("target") or "").partition(" pid ")[0]
+
+
+def reason_start(why: str) -> tuple[str | None, float | None]:
+    """The worker and the wall clock of the run start a ``worker lost`` reason names (``... started on
+    worker0-1@host at 2026-01-02T03:04:05.678Z was cut short ...``); None for what it does not say."""
+    found = _REASON.search(why)
+    if found is None:
+        return None, None
+    worker = worker_name(found["worker"]) if "@" in found["worker"] else None
+    at = datetime.fromisoformat(found["at"] + "+00:00").timestamp() if found["at"] else None
+    return worker, at
 
 
 class Outcome:
@@ -80,7 +119,12 @@ class Outcome:
         cancels: Mapping[str, bool],
         faults: Sequence[Mapping[str, Any]],
         received: Sequence[Mapping[str, Any]] = (),
+        dead_letters: Sequence[Mapping[str, Any]] = (),
+        *,
+        acks_late: bool = False,
     ) -> None:
+        """``dead_letters``: the store's dead letters after the drain (``id``, ``why``); ``acks_late``: the
+        battle's tasks acknowledge late, so no run of theirs is dead-lettered for being cut short."""
         self.sends = sends
         self.received: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         for row in received:
@@ -95,6 +139,15 @@ class Outcome:
             self.ends[end["u"]].append(end)
         for rows in (*self.starts.values(), *self.ends.values()):
             rows.sort(key=lambda row: row.get("s", row.get("t", 0.0)))
+        self.acks_late = acks_late
+        self.units_of_call: dict[str, list[str]] = defaultdict(list)
+        for unit, send in sorted(sends.items(), key=lambda item: attempt(item[0])):
+            self.units_of_call[str(send.get("id"))].append(unit)
+        worker_lost = [str(letter.get("why") or "").startswith(WORKER_LOST) for letter in dead_letters]
+        self.other_letters = [letter for letter, lost in zip(dead_letters, worker_lost, strict=True) if not lost]
+        self.letters = [self.judge_letter(row) for row, lost in zip(dead_letters, worker_lost, strict=True) if lost]
+        #: The units whose call is dead-lettered by contract: not run again, by design.
+        self.dead_lettered = {row["unit"] for row in self.letters if row["category"] in BY_CONTRACT}
 
     # -- what each unit did -----------------------------------------------------------------------
 
@@ -189,6 +242,117 @@ class Outcome:
                 )
         return False, "no fault between the two runs"
 
+    # -- the dead letters ---------------------------------------------------------------------------
+
+    def letter_unit(self, call_id: str) -> str | None:
+        """The unit a dead letter of call ``call_id`` is of: its last attempt the ledger saw start or received
+        (a retry shares its call's id), else its last attempt sent; None for a call the battle did not send."""
+        units = self.units_of_call.get(call_id, [])
+        for unit in reversed(units):
+            if self.starts.get(unit) or self.received.get(unit):
+                return unit
+        return units[-1] if units else None
+
+    def judge_letter(self, letter: Mapping[str, Any]) -> dict[str, Any]:
+        """A ``worker lost`` dead letter against the ledger and the faults: its call id and unit, its category
+        (``cut`` or ``accepted``: by contract; ``ended``: a run that ended, ``explained`` or not; ``wrong``),
+        the worker its reason names, and why."""
+        call_id, reason = str(letter["id"]), str(letter.get("why") or "")
+        unit = self.letter_unit(call_id)
+        worker, started = reason_start(reason)
+        row: dict[str, Any] = {"id": call_id, "unit": unit, "kind": None, "path": None, "worker": worker}
+        if unit is None:
+            category, explained, why = "wrong", False, "a dead letter of no call the battle sent"
+        elif self.acks_late or self.sends[unit]["k"] in RUN_AGAIN_KINDS:
+            row.update(kind=self.sends[unit]["k"], path=self.sends[unit]["c"])
+            category, explained, why = "wrong", False, "its task runs a call cut short again: no dead letter is due"
+        else:
+            row.update(kind=self.sends[unit]["k"], path=self.sends[unit]["c"])
+            category, explained, why = self._judge_runs(unit, worker, started)
+        return {**row, "category": category, "explained": explained, "why": why, "reason": reason}
+
+    def _judge_runs(self, unit: str, worker: str | None, started: float | None) -> tuple[str, bool, str]:
+        """(category, explained, why) of a dead letter of ``unit`` by its last run in the ledger."""
+        starts = self.starts.get(unit, [])
+        if not starts:
+            return self._judge_unstarted(unit, worker, started)
+        last = starts[-1]
+        name = worker_name(last["w"])
+        end = next((end for end in self.ends.get(unit, []) if end["w"] == last["w"] and end["s"] == last["t"]), None)
+        if end is not None:
+            return self._judge_ended(end)
+        if worker is not None and worker != name:
+            return "wrong", False, f"its last run started on {name}, but the dead letter names {worker}"
+        fault = self._worker_fault_after(name, last["t"])
+        if fault is None:
+            return "wrong", False, f"its run started on {name} and never ended, with no fault of that worker after"
+        why = (
+            f"its run started on {name} {fault['wall'] - last['t']:.2f}s before its {fault['kind']} at "
+            f"{fault['elapsed']}s, never ended, and was not run again"
+        )
+        return "cut", True, why
+
+    def _judge_unstarted(self, unit: str, worker: str | None, started: float | None) -> tuple[str, bool, str]:
+        """A dead letter of a unit the ledger never saw start: by contract only if a worker that had received it
+        was killed at most :data:`ACCEPT_SECONDS` after the store recorded its start there (at the pool's accept,
+        before the run's first write to the ledger)."""
+        for row in reversed(self.received.get(unit, [])):
+            name = worker_name(row["w"])
+            fault = self._worker_fault_after(name, row["t"])
+            if fault is None or worker not in (None, name):
+                continue
+            if started is not None and row["t"] - 0.01 <= started <= fault["wall"] <= started + ACCEPT_SECONDS:
+                why = (
+                    f"received by {name}; its run, accepted {fault['wall'] - started:.3f}s before its {fault['kind']} "
+                    f"at {fault['elapsed']}s, was cut short before its first write to the ledger"
+                )
+                return "accepted", True, why
+            when = "no time" if started is None else f"{started - fault['wall']:+.3f}s from the kill"
+            why = (
+                f"never started in the ledger; received by {name} before its {fault['kind']} at {fault['elapsed']}s, "
+                f"but the store's start ({when}) is not within {ACCEPT_SECONDS:g}s before it"
+            )
+            return "wrong", False, why
+        return "wrong", False, "never started in the ledger, and no worker that had received it was killed after"
+
+    def _judge_ended(self, end: Mapping[str, Any]) -> tuple[str, bool, str]:
+        """A dead letter of a run that ended: explained when its acknowledgement could be lost, with its worker
+        (a fault of it within :data:`ACK_SECONDS` after the end) or with Redis (a fault of Redis at most that and
+        Redis's own bound after the end, or one that had Redis away when the run ended)."""
+        name = worker_name(end["w"])
+        fault = self._worker_fault_after(name, end["s"])
+        if fault is not None and fault["wall"] <= end["e"] + ACK_SECONDS:
+            why = (
+                f"its run on {name} ended {fault['wall'] - end['e']:.3f}s before its {fault['kind']} at "
+                f"{fault['elapsed']}s: the acknowledgement was lost with the worker"
+            )
+            return "ended", True, why
+        for fault in self.faults:
+            # An end while Redis was away, its acknowledgement tried and dropped; one just before a fault, lost in it.
+            away = float(fault.get("recovery_seconds") or 0.0) + ACK_SECONDS
+            if fault["kind"] in REDIS_FAULTS and -away <= fault["wall"] - end["e"] <= ACK_SECONDS + FSYNC_BOUND_SECONDS:
+                why = (
+                    f"{fault['kind']} at {fault['elapsed']}s, {fault['wall'] - end['e']:+.3f}s from the end of its "
+                    f"run on {name}: the acknowledgement was lost with the connection or with Redis's last writes"
+                )
+                return "ended", True, why
+        return "ended", False, f"its run on {name} ended, and no fault came within {ACK_SECONDS:g}s after"
+
+    def letter_figures(self, worker_kills: int) -> dict[str, Any]:
+        """The ``worker lost`` dead letters by category, each with its call id, and the other dead letters."""
+        counts = {name: sum(row["category"] == name for row in self.letters) for name in (*BY_CONTRACT, "ended")}
+        by_contract = counts["cut"] + counts["accepted"]
+        return {
+            "by_contract": by_contract,
+            **counts,
+            "ended_unexplained": sum(row["category"] == "ended" and not row["explained"] for row in self.letters),
+            "wrong": sum(row["category"] == "wrong" for row in self.letters),
+            "per_worker_sigkill": round(by_contract / worker_kills, 3) if worker_kills else None,
+            "rows": self.letters,
+            "other": len(self.other_letters),
+            "other_rows": [{"id": row["id"], "why": row.get("why")} for row in self.other_letters[:ROW_LIMIT]],
+        }
+
     # -- the figures ------------------------------------------------------------------------------
 
     def as_dict(self, *, late_seconds: float = LATE_SECONDS) -> dict[str, Any]:
@@ -211,8 +375,9 @@ class Outcome:
             if runs == 1:
                 exactly_once += 1
             elif runs == 0:
-                why, text = self.lost_explanation(unit)
-                lost.append({"unit": unit, "kind": send["k"], "path": send["c"], "category": why, "why": text})
+                if unit not in self.dead_lettered:  # a run cut short and dead-lettered by contract is not lost
+                    why, text = self.lost_explanation(unit)
+                    lost.append({"unit": unit, "kind": send["k"], "path": send["c"], "category": why, "why": text})
             else:
                 explained, text = self.explain_duplicate(unit)
                 duplicates.append(
@@ -242,6 +407,7 @@ class Outcome:
         lost_parked = [row for row in lost if row["path"] == PARKED]
         lost_tracked = [row for row in lost if row["path"] == TRACKED]
         worker_kills = sum(fault["kind"] == "worker_kill" for fault in self.faults)
+        by_contract = sum(row["category"] in BY_CONTRACT for row in self.letters)
         recovery, pooled = self.recovery()
         return {
             "sent": len(self.sends),
@@ -262,8 +428,10 @@ class Outcome:
                 "celery_now": sum(row["path"] == CELERY_NOW for row in lost),
                 "tracked": len(lost_tracked),
                 "tracked_beyond_bound": sum(row["category"] != "bound" for row in lost_tracked),
+                "cut_short": sum(row["category"] == "cut" for row in lost),
                 "rows": lost[:ROW_LIMIT],
             },
+            "dead_letters": self.letter_figures(worker_kills),
             "duplicates": {
                 "total": len(duplicates),
                 "unexplained": sum(not row["explained"] for row in duplicates),
@@ -277,6 +445,7 @@ class Outcome:
             "per_worker_sigkill": {
                 "sigkills": worker_kills,
                 "lost": round(len(lost) / worker_kills, 3) if worker_kills else None,
+                "dead_lettered": round(by_contract / worker_kills, 3) if worker_kills else None,
                 "duplicated": round(len(duplicates) / worker_kills, 3) if worker_kills else None,
                 "late": round(late_count / worker_kills, 3) if worker_kills else None,
             },
@@ -289,7 +458,8 @@ class Outcome:
     def recovery(self) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
         """Per fault: the runs it cut short (a worker fault; for a fault of Redis, the runs under way on any
         worker that never ended), the messages a killed worker had received and not run, and the calls due while
-        it lasted, and how long until each started again; and those waits pooled by kind of fault and path."""
+        it lasted, and how long until each started again (or how many never did, and of those how many were
+        dead-lettered by contract); and those waits pooled by kind of fault and path."""
         ended = {(end["u"], end["w"], end["s"]) for ends in self.ends.values() for end in ends}
         open_runs = sorted(
             (start["t"], unit, worker_name(start["w"]))
@@ -346,7 +516,7 @@ class Outcome:
                 low, high = bisect_left(due_moments, wall), bisect_right(due_moments, wall + back)
                 for due, unit in dues[low:high]:
                     affected.setdefault(unit, due)
-            waits, not_again = [], 0
+            waits, not_again, dead = [], 0, 0
             by_path: dict[str, list[float]] = defaultdict(list)
             for unit, since in affected.items():
                 later = [start["t"] for start in self.starts.get(unit, []) if start["t"] > since]
@@ -359,6 +529,7 @@ class Outcome:
                         worst[(fault["kind"], path)] = (unit, min(later) - since)
                 else:
                     not_again += 1
+                    dead += unit in self.dead_lettered
             summary = quantiles(waits)
             rows.append(
                 {
@@ -372,6 +543,7 @@ class Outcome:
                     "median_s": round(median(waits), 3) if waits else None,
                     "max_s": summary["max"],
                     "not_run_again": not_again,
+                    "dead_lettered": dead,
                     "by_path": {path: quantiles(values) for path, values in sorted(by_path.items())},
                 }
             )

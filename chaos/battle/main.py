@@ -153,9 +153,15 @@ def main(argv: list[str] | None = None) -> int:
         unplanned = battle.cluster.exits if battle.cluster is not None else []
     finally:
         battle.stop()
-    say(f"analysing {len(sends):,} sends, {len(received):,} receipts, {len(starts):,} starts, {len(ends):,} ends")
+    letters: list[dict[str, Any]] = run.pop("dead_letters", [])
+    say(
+        f"analysing {len(sends):,} sends, {len(received):,} receipts, {len(starts):,} starts, {len(ends):,} ends, "
+        f"{len(letters):,} dead letters"
+    )
     fault_rows = [fault.as_dict() for fault in faults]
-    outcome = Outcome(sends, starts, ends, cancels, fault_rows, received).as_dict(late_seconds=args.late_seconds)
+    outcome = Outcome(sends, starts, ends, cancels, fault_rows, received, letters, acks_late=args.acks_late).as_dict(
+        late_seconds=args.late_seconds
+    )
     empty = {"keys": {}, "dbsize": 0, "used_memory": 0}
     data: dict[str, Any] = {
         "settings": {
@@ -209,7 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, data)
     say(f"report written to {args.json}")
     if keep:
-        ledger = {"sends": sends, "received": received, "starts": starts, "ends": ends, "cancels": cancels}
+        ledger = {
+            "sends": sends,
+            "received": received,
+            "starts": starts,
+            "ends": ends,
+            "cancels": cancels,
+            "dead_letters": letters,
+        }
         write_json(run_dir / "ledger.json", ledger)
         say(f"logs and the ledger (ledger.json) kept in {run_dir}")
     else:

@@ -112,6 +112,11 @@ def verdict(data: dict[str, Any]) -> tuple[bool, list[str]]:
         problems.append(f"{outcome['early']['total']} runs before their due time")
     if outcome["duplicates"]["unexplained"]:
         problems.append(f"{outcome['duplicates']['unexplained']} duplicates no fault explains")
+    letters = outcome.get("dead_letters") or {}
+    if letters.get("wrong"):
+        problems.append(f"{letters['wrong']} 'worker lost' dead letters no run cut short by a kill bears out")
+    if letters.get("ended_unexplained"):
+        problems.append(f"{letters['ended_unexplained']} 'worker lost' dead letters of runs that ended, unexplained")
     if outcome["cancelled_but_ran_count"]:
         problems.append(f"{outcome['cancelled_but_ran_count']} cancelled calls ran")
     if data["keys"]["leaked"]:
@@ -127,6 +132,44 @@ def _q(values: dict[str, Any]) -> str:
     if not values.get("n"):
         return "-"
     return f"p50 {values['p50']:.3f}s  p99 {values['p99']:.3f}s  max {values['max']:.3f}s  ({values['n']:,} units)"
+
+
+def _by_contract(outcome: dict[str, Any]) -> str:
+    """The line of the dead letters of runs cut short with their worker (none with plain Celery)."""
+    letters = outcome.get("dead_letters") or {}
+    if not letters:
+        return "-"
+    return (
+        f"{letters['by_contract']:,} ({letters['per_worker_sigkill']} per worker SIGKILL): cut short in their run "
+        f"{letters['cut']}, at the pool's accept {letters['accepted']}; 'worker lost' dead letters of runs that "
+        f"ended {letters['ended']} ({letters['ended_unexplained']} unexplained), wrong {letters['wrong']}; other "
+        f"dead letters {letters['other']}"
+    )
+
+
+def _keys_line(data: dict[str, Any]) -> str:
+    """The keys left after the drain, once the 'worker lost' dead letters were read and purged."""
+    keys = data["keys"]
+    text = f"dbsize {keys['dbsize'][0]} -> {keys['dbsize'][1]}"
+    if not data["settings"]["plain"]:
+        text += f" (after purging {data['run'].get('worker_lost_purged') or 0} 'worker lost' dead letters)"
+    leaked = ", ".join(f"{row['key']} ({row['type']} {row['size']})" for row in keys["leaked"][:10]) or "-"
+    return f"{text}; {len(keys['leaked'])} undocumented: {leaked}"
+
+
+def _letter_lines(letters: dict[str, Any]) -> list[str]:
+    """The 'worker lost' dead letters, each with its call id and unit, and the other dead letters."""
+    rows, others = letters.get("rows") or [], letters.get("other_rows") or []
+    if not rows and not others:
+        return []
+    lines = ["", "  dead letters ('worker lost': by contract, cut or accepted; ended; wrong)"]
+    lines += [
+        f"    {row['id']} {row['unit'] or '?':>10} {row['kind'] or '?':<9} {row['category']:<8} "
+        f"{'' if row['explained'] else 'UNEXPLAINED: '}{row['why']}"
+        for row in rows[:40]
+    ]
+    lines += [f"    {row['id']} other: {row['why']}" for row in others[:20]]
+    return lines
 
 
 def table(data: dict[str, Any]) -> str:
@@ -156,6 +199,11 @@ def table(data: dict[str, Any]) -> str:
             f"{lost.get('tracked', 0)} (beyond the bound {lost.get('tracked_beyond_bound', 0)}); Celery's path: due "
             f"now {lost['celery_now']}, with an eta {lost['celery_eta']}",
         ),
+        ("cut short, lost", f"{lost.get('cut_short', 0):,} runs started, their worker killed, never run again"),
+        (
+            "dead-lettered by contract",
+            "- (plain Celery has none: it loses them)" if settings["plain"] else _by_contract(outcome),
+        ),
         ("duplicates", f"{dups['total']:,} ({dups['unexplained']} unexplained)"),
         (
             "cancels",
@@ -166,17 +214,12 @@ def table(data: dict[str, Any]) -> str:
         *((f"lateness {path}", _q(values)) for path, values in outcome["lateness"].items()),
         (
             "per worker SIGKILL",
-            f"{per['sigkills']} SIGKILLs: lost {per['lost']}, duplicated {per['duplicated']}, late (> "
-            f"{outcome['late_seconds']:g} s) {per['late']}",
+            f"{per['sigkills']} SIGKILLs: lost {per['lost']}, dead-lettered by contract {per.get('dead_lettered')}, "
+            f"duplicated {per['duplicated']}, late (> {outcome['late_seconds']:g} s) {per['late']}",
         ),
         ("faults", ", ".join(f"{k} {v['injected']}/{v['planned']}" for k, v in counts.items() if v["planned"])),
         ("drain", f"{run.get('drained')} after {run.get('drain_seconds')} s"),
-        (
-            "keys left",
-            f"dbsize {data['keys']['dbsize'][0]} -> {data['keys']['dbsize'][1]}; "
-            f"{len(data['keys']['leaked'])} undocumented: "
-            + (", ".join(f"{row['key']} ({row['type']} {row['size']})" for row in data["keys"]["leaked"][:10]) or "-"),
-        ),
+        ("keys left", _keys_line(data)),
         (
             "send errors",
             f"{len(data['send_errors'])} sends raised and were made again; "
@@ -217,7 +260,7 @@ def table(data: dict[str, Any]) -> str:
     lines += [
         "",
         f"  {'fault':<14}  {'at':>7}  {'back':>6}  {'affected':>8}  {'cut':>5}  {'held':>5}  {'median':>7}  "
-        f"{'max':>7}  not again  target",
+        f"{'max':>7}  not again  dead  target",
     ]
     for row in outcome["recovery"]:
         median = "-" if row["median_s"] is None else f"{row['median_s']:.2f}s"
@@ -225,7 +268,7 @@ def table(data: dict[str, Any]) -> str:
         lines.append(
             f"  {row['kind']:<14}  {row['at'] or 0:>6.1f}s  {row['back_s']:>5.1f}s  {row['affected']:>8}  "
             f"{row['cut_short']:>5}  {row['held']:>5}  {median:>7}  "
-            f"{longest:>7}  {row['not_run_again']:>9}  {row['target']}"
+            f"{longest:>7}  {row['not_run_again']:>9}  {row.get('dead_lettered', 0):>4}  {row['target']}"
         )
     pooled = outcome.get("recovery_pooled") or {}
     if pooled:
@@ -245,6 +288,7 @@ def table(data: dict[str, Any]) -> str:
             f"{','.join(row['workers'])}: {'' if row['explained'] else 'UNEXPLAINED: '}{row['why']}"
             for row in dups["rows"][:40]
         ]
+    lines += _letter_lines(outcome.get("dead_letters") or {})
     if lost["rows"]:
         lines += ["", "  lost"]
         lines += [

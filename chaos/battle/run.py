@@ -32,7 +32,7 @@ from ..faults import Clock, Fault
 from ..measure import children_of, inventory, rss_kib
 from ..run import run_producers, say
 from ..topology import Standalone
-from .analysis import CELERY_ETA, CELERY_NOW, PARKED, TRACKED
+from .analysis import CELERY_ETA, CELERY_NOW, PARKED, TRACKED, WORKER_LOST
 from .config import (
     CANCELS,
     DONE,
@@ -62,6 +62,8 @@ FLUSH_SECONDS = 0.25
 SAMPLE_SECONDS = 5.0
 PROGRESS_SECONDS = 15.0
 TICK = b'"redisdelay.tick"'
+#: Dead letters read a page at a time, and purged this many per script call (the store's largest step).
+DEAD_PAGE = 1000
 
 
 class Battle:
@@ -93,6 +95,7 @@ class Battle:
         self._pending_lock = threading.Lock()
         self._cancels: list[tuple[float, int, str, str]] = []  # (when, n, unit, task id)
         self._cancels_lock = threading.Lock()
+        self._numbers: dict[str, int] = {}  # task id -> its call's number (a retry keeps its call's id)
         self.producing = threading.Event()
         self.stopping = threading.Event()
         self.send_errors: list[dict[str, Any]] = []  # sends that raised and were made again
@@ -205,6 +208,7 @@ class Battle:
             record["r"] = 1
         with self._pending_lock:
             self._pending.append((unit, json.dumps(record, separators=(",", ":"))))
+            self._numbers[task_id] = call.n
             self.sent += 1
         if call.kind == CANCEL:
             with self._cancels_lock:
@@ -369,6 +373,10 @@ class Battle:
         if not self.plain and self.args.quiet:
             say(f"drained ({drained}) in {drain_seconds:.0f}s; letting expiring keys expire ({self.args.quiet:g}s)")
             time.sleep(self.args.quiet)
+        letters = self.dead_letters()
+        purged = self.purge_worker_lost(letters)
+        if letters:
+            say(f"{len(letters):,} dead letters read; the {purged:,} of runs cut short with their worker purged")
         self.sample()
         with self.topology.store_client() as client:
             keys_end = inventory(client)
@@ -379,6 +387,8 @@ class Battle:
             "rate_reached": round(self.sent / sending, 1) if sending else None,
             "keys_start": self.keys_start,
             "keys_end": keys_end,
+            "dead_letters": letters,
+            "worker_lost_purged": purged,
         }
 
     def done(self) -> int:
@@ -395,7 +405,7 @@ class Battle:
 
     def settled(self) -> bool:
         """Nothing parked, in flight or in a batch group, no message in the queue, none held unacknowledged but
-        the tick's, no cancel left to make."""
+        the tick's, no cancel left to make. Dead letters are settled: the store holds them, nothing delivers them."""
         if self._cancels:
             return False
         try:
@@ -419,13 +429,16 @@ class Battle:
         return int(self.ledger.hlen(SENT)) - cancelled
 
     def drain(self) -> str:
-        """Wait until every unit expected has run and nothing is left, or nothing has been left to deliver
-        anything for ``--settle`` seconds, or the deadline: which of the three."""
+        """Wait until every unit expected has run (or is a dead letter of a run cut short with its worker, which
+        never runs) and nothing is left, or nothing has been left to deliver anything for ``--settle`` seconds, or
+        the deadline: which of the three."""
         deadline = time.monotonic() + self.args.deadline
         settled_since: float | None = None
         last = time.monotonic()
         while time.monotonic() < deadline:
             expected, done, settled = self.expected(), self.done(), self.settled()
+            if settled and 0 <= done < expected:
+                done += self.dead_lettered_units()  # they never run: the drain does not wait for them
             if done >= expected and settled:
                 return "complete"
             now = time.monotonic()
@@ -437,6 +450,54 @@ class Battle:
                 say(f"draining: ran {done:,} of {expected:,}{self.backlog()}")
             time.sleep(1.0)
         return "deadline"
+
+    # -- the dead letters -------------------------------------------------------------------------
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        """Every dead letter of the store (none with plain Celery): its call id, its reason (``why``), and when it
+        was dead-lettered (wall clock)."""
+        if self.plain or self.app is None:
+            return []
+        found: list[dict[str, Any]] = []
+        while True:
+            page = self.app.rd.dead_letters(DEAD_PAGE, len(found))
+            found += [
+                {"id": entry.id, "why": str(entry.meta.get("why") or ""), "at": round(entry.score_ms / 1000, 3)}
+                for entry in page
+            ]
+            if len(page) < DEAD_PAGE:
+                return found
+
+    def dead_lettered_units(self) -> int:
+        """The units not run whose call is a dead letter of a run cut short with its worker: by the delivery
+        contract of a task that acknowledges early, they are not run again."""
+        assert self.ledger is not None
+        try:
+            letters = self.dead_letters()
+        except Exception:  # noqa: BLE001 - Redis still restarting: none known yet
+            return 0
+        numbers = {self._numbers.get(letter["id"]) for letter in letters if letter["why"].startswith(WORKER_LOST)}
+        units = [f"{n}.{attempt}" for n in numbers if n is not None for attempt in (0, 1)]  # a retry's two attempts
+        if not units:
+            return 0
+        pipe = self.ledger.pipeline(transaction=False)
+        for unit in units:
+            pipe.hexists(SENT, unit)
+            pipe.sismember(DONE, unit)
+        found = pipe.execute()
+        return sum(bool(sent) and not done for sent, done in zip(found[::2], found[1::2], strict=True))
+
+    def purge_worker_lost(self, letters: list[dict[str, Any]]) -> int:
+        """Purge the dead letters of runs cut short with their worker, once read (the analysis judges each), so
+        that the keys left after the drain are judged without them: how many."""
+        ids = [letter["id"] for letter in letters if letter["why"].startswith(WORKER_LOST)]
+        if not ids or self.app is None:
+            return 0
+        purged = 0
+        for store in self.app.rd.shards.all():
+            for start in range(0, len(ids), DEAD_PAGE):
+                purged += len(store.purge_many(ids[start : start + DEAD_PAGE]))
+        return purged
 
     # -- the ledger -------------------------------------------------------------------------------
 
