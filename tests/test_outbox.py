@@ -1,14 +1,16 @@
 """The outbox against a real redis-server: a process's starts and acknowledgements written by its thread in one
-script per batch, in order, a start and its acknowledgement as one; a batch Redis refuses is tried again, then
-dropped with an error; a forked child starts empty; a call another shard holds is found there. (Runs on real
-workers: ``tests/test_pools.py``, ``tests/test_e2e.py``.)"""
+script per batch, in order, a start and its acknowledgement as one; entries Redis refuses are held, in order, and
+written once it is back (issue 51: an outage of a few seconds no longer loses acknowledgements); ``flush()`` tries
+three times; past its cap the outbox drops the oldest starts first; a forked child starts empty; a call another
+shard holds is found there. (Runs on real workers: ``tests/test_pools.py``, ``tests/test_e2e.py``.)"""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -17,12 +19,17 @@ from celery import Celery
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.store.calls import CallStore
 from celery_redisdelay.store.outbox import WINDOW_SECONDS, Outbox
-from celery_redisdelay.testing import free_port, wait_for
+from celery_redisdelay.testing import RedisServer, wait_for
 from tests.test_leases import ENVELOPE, LONG_MS, in_flight
 from tests.test_store import entry
 
 WAIT = 10.0
+#: How long the store is down in the outage test: past the 0.2 s and 1 s backoffs after which the outbox dropped
+#: a batch before issue 51.
+OUTAGE_SECONDS = 3.0
+LOGGER = "celery_redisdelay.store.outbox"
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
+Attempts = list[tuple[list[tuple[str, str]], bool]]
 
 
 class Gate:
@@ -51,6 +58,33 @@ def scripts(monkeypatch: pytest.MonkeyPatch) -> list[list[tuple[str, str]]]:
 
     monkeypatch.setattr(CallStore, "track", spy)
     return sent
+
+
+@pytest.fixture
+def attempts(monkeypatch: pytest.MonkeyPatch) -> Attempts:
+    """Every track script sent, and whether the store took it."""
+    sent: Attempts = []
+    track = CallStore.track
+
+    def spy(store: CallStore, entries: Sequence[tuple[str, str]], *args: Any, **kwargs: Any) -> list[str]:
+        try:
+            missed = track(store, entries, *args, **kwargs)
+        except Exception:
+            sent.append((list(entries), False))
+            raise
+        sent.append((list(entries), True))
+        return missed
+
+    monkeypatch.setattr(CallStore, "track", spy)
+    return sent
+
+
+@pytest.fixture
+def own_server() -> Iterator[RedisServer]:
+    """A redis-server of the test's own, to stop and start again; durable, so its calls outlive the outage."""
+    server = RedisServer(extra_args=["--appendonly", "yes", "--appendfsync", "always"]).start()
+    yield server
+    server.stop()
 
 
 def counted(rd: RedisDelay, store: CallStore, name: str) -> int:
@@ -107,30 +141,95 @@ def test_flush_writes_at_once_in_the_calling_thread(rd: RedisDelay, scripts: lis
     gate.open()
 
 
-def test_a_batch_redis_refuses_is_tried_again_then_dropped_with_an_error(
-    make_app: MakeApp, caplog: pytest.LogCaptureFixture
+def test_acks_made_while_the_store_is_down_reach_it_once_it_is_back(
+    make_app: MakeApp, own_server: RedisServer, attempts: Attempts, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _, rd = make_app(redisdelay_url=f"redis://127.0.0.1:{free_port()}/0")
+    """Issue 51: the store down for 3 s, past the backoffs after which the outbox dropped a batch (its calls,
+    finished, ran again once their lease ended). Now the entries wait, in order, until the store takes them."""
+    _, rd = make_app(redisdelay_url=f"{own_server.url}/0")
+    for call_id in ("running", "short", "done", "revoked"):
+        in_flight(rd, call_id)
+    outbox = Outbox(rd.depot)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        own_server.terminate()
+        down = time.monotonic()
+        outbox.start("running", "w1")
+        outbox.start("short", "w1")
+        outbox.ack("short")
+        outbox.ack("done")
+        outbox.ack("revoked", "revoked")
+        refused = lambda: sum(not taken for _, taken in attempts)  # noqa: E731
+        wait_for(lambda: refused() >= 3, WAIT, "three attempts refused (after which the batch used to be dropped)")
+        wait_for(lambda: time.monotonic() - down >= OUTAGE_SECONDS, WAIT, "the outage to last")
+        own_server.start()
+        wait_for(lambda: [rd.find(c) for c in ("short", "done", "revoked")] == [None] * 3, WAIT, "every ack written")
+    assert entry(rd, "running").meta["s"] == "running", "the start without its ack is written too"
+    assert attempts[-1] == ([("start", "running"), ("acked", "short"), ("acked", "done"), ("revoked", "revoked")], True)
+    assert (counted(rd, rd.store, "acked"), counted(rd, rd.store, "revoked")) == (2, 1)
+    assert (outbox.held, outbox.dropped_starts, outbox.dropped_acks) == (0, 0, 0)
+    logged = [record.getMessage() for record in caplog.records if record.name == LOGGER]
+    assert len(logged) == 2, logged
+    assert "the outbox holds them and tries again until it takes them" in logged[0]
+    assert "wrote the 4 start(s) and acknowledgement(s) it held, the store refusing them for" in logged[1]
+
+
+def test_flush_tries_three_times_then_leaves_the_entries_to_the_thread(
+    make_app: MakeApp, own_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What a warm stop does on a dead store: three attempts, 0.2 s and 1 s apart, then it goes on; the entries
+    stay, and the thread writes them once the store is back."""
+    _, rd = make_app(redisdelay_url=f"{own_server.url}/0")
+    in_flight(rd, "late")
     pauses: list[float] = []
-    gate = Gate()  # the thread's window lasts the whole test: only flush() writes
+    gate = Gate()  # the thread's window lasts until the store is back: only flush() writes before
 
     def sleep(seconds: float) -> None:
         gate(seconds) if seconds == WINDOW_SECONDS else pauses.append(seconds)
 
     outbox = Outbox(rd.depot, sleep=sleep)
-    outbox.ack("lost")
-    with caplog.at_level(logging.ERROR, logger="celery_redisdelay.store.outbox"):
+    own_server.terminate()
+    outbox.ack("late")
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
         outbox.flush()
     assert pauses == [0.2, 1.0]
-    assert "could not write the starts and acknowledgements of 1 call(s) after 3 attempts" in caplog.text
-    outbox.flush()
-    assert pauses == [0.2, 1.0], "dropped: not tried again"
+    assert "could not write 1 start(s) and acknowledgement(s) in 3 attempts; the outbox keeps trying" in caplog.text
+    assert (outbox.held, outbox.dropped_acks) == (1, 0), "held, not dropped"
+    own_server.start()
     gate.open()
+    wait_for(lambda: rd.find("late") is None, WAIT, "the thread to write the ack flush() left")
+    assert outbox.held == 0 and pauses == [0.2, 1.0], "the thread's first attempt wrote it"
+
+
+def test_past_its_cap_the_outbox_drops_the_oldest_starts_then_the_oldest_acks(
+    rd: RedisDelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    acks = [f"a{n}" for n in range(1, 10)]
+    for call_id in ("s1", "p1", "s2", *acks):
+        in_flight(rd, call_id)
+    gate = Gate()  # the thread's window lasts until open(): the entries gather past the cap meanwhile
+    outbox = Outbox(rd.depot, sleep=gate, cap=10)
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        outbox.start("s1", "w1")
+        outbox.start("p1", "w1")
+        outbox.ack("p1")
+        outbox.start("s2", "w1")
+        for call_id in acks[:7]:
+            outbox.ack(call_id)  # the 11th entry: room for a tenth of the cap, down to 9
+        assert (outbox.dropped_starts, outbox.dropped_acks) == (1, 0), "p1's start merged into its ack, s1's dropped"
+        outbox.ack("a8")
+        outbox.ack("a9")  # the 11th again: s2's start goes, the only one left, then the oldest ack, p1's
+        assert (outbox.dropped_starts, outbox.dropped_acks) == (2, 1)
+    for acks_dropped in (0, 1):
+        assert f"1 start(s) (their calls are not shown running) and {acks_dropped} acknowledgement" in caplog.text
+    gate.open()
+    wait_for(lambda: all(rd.find(call_id) is None for call_id in acks), WAIT, "the acks kept to be written")
+    assert entry(rd, "p1").state == "inflight", "its ack dropped: it runs again once its lease ends"
+    assert [entry(rd, call_id).meta["s"] for call_id in ("s1", "s2")] == ["queued"] * 2, "their starts dropped"
 
 
 def test_bad_entries_are_refused_before_anything_is_sent(rd: RedisDelay) -> None:
     in_flight(rd, "kept")
-    with pytest.raises(ValueError, match="'start' or one of acked, revoked, expired, not 'done'"):
+    with pytest.raises(ValueError, match=r"one of .*acked, revoked, expired, not 'done'"):
         rd.store.track([("acked", "kept"), ("done", "kept")], LONG_MS)
     with pytest.raises(ValueError, match="1 to 1000 ids, not 0"):
         rd.store.track([], LONG_MS)
@@ -195,3 +294,4 @@ def test_the_thread_outlives_a_batch_that_failed_for_any_reason(
         outbox.ack("after")
         wait_for(lambda: rd.find("after") is None, WAIT, "the next batch to be written")
     assert "the outbox failed to write a batch" in caplog.text
+    assert outbox.dropped_acks == 1, "a batch lost to a bug is counted"
