@@ -68,6 +68,9 @@ FLUSH_ATTEMPTS = 3
 #: tenth of them.
 MAX_WAITING = 100_000
 START = "start"
+#: A start whose run, cut short with its worker, is dead-lettered rather than run again (worker/contract.py).
+START_ONCE = "start-once"
+STARTS = (START, START_ONCE)
 
 #: (op, call id, worker): op a start or the outcome of an acknowledgement; the worker of a start, else "".
 Entry = tuple[str, str, str]
@@ -172,9 +175,10 @@ class Outbox:
         with self._lock:
             return 0 if self._refused_since is None else len(self._entries) + self._writing_now
 
-    def start(self, call_id: str, worker: str) -> None:
-        """A run of ``call_id`` started on ``worker`` (its hostname)."""
-        self._put(START, call_id, worker)
+    def start(self, call_id: str, worker: str, once: bool = False) -> None:
+        """A run of ``call_id`` started on ``worker`` (its hostname); ``once``: if it is cut short with its worker,
+        the call is dead-lettered rather than run again."""
+        self._put(START_ONCE if once else START, call_id, worker)
 
     def ack(self, call_id: str, outcome: str = "acked") -> None:
         """``call_id`` is finished as Celery sees it; ``outcome`` is counted (see ``CallStore.ack``)."""
