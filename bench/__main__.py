@@ -96,6 +96,9 @@ e2e_due_now
     celery-redis-plus, at Celery's default prefetch (4) and at 1; 5,000 [300] calls a round, the sides taking
     turns over two rounds (``--quick``: prefetch 4 alone, no peer). Targets: >= 1.5x plain Celery, >= 1.0x
     celery-redis-plus.
+e2e_due_now_io
+    The same with a task that does some I/O, as real tasks do: each call writes once to the bench's Redis (an INCR,
+    through a client made once per worker process), on every side. Same sizes and targets.
 recovery, long_run
     A ``-P prefork -c 1`` worker running a 20 s call and holding 50 [10] prefetched ones is SIGKILLed:
     seconds from the kill to each call's start on a second worker, with the default 30 s lease [3 s],
@@ -123,6 +126,12 @@ pause_fleet
     1 s after the pause to the resume (target 0), the resume to its last start (target <= 2 s), its duplicate and
     missing runs (target 0), and the other task's lateness: p99 of its calls due while paused (target: within
     noise of the run without the pause), p50 and p99 over the whole run, the resume's burst included.
+workers_releasing
+    The store's load when every worker runs its precise releaser (the default): on a redis-server of its own, 10 [2]
+    idle ``--pool threads -c 1`` workers for 60 [5] s, against the same workers with
+    ``redisdelay_precise_release=False``: commands/s, Redis CPU ms per second, EVALSHA and BZPOPMIN calls/s, and the
+    difference per worker (reported, no target). Then 2,000 [200] calls due over 10 [3] s run by the releasing
+    workers: each ran once, none early (targets), lateness p50/p99/max (reported).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
 ``REDISDELAY_BENCH_TICK``
     ``redisdelay_tick_interval`` in seconds (default 1.0).
 ``REDISDELAY_BENCH_PRECISE``
-    ``1`` sets ``redisdelay_precise_release=True`` (for the precise releaser, when the package has one).
+    ``1`` sets ``redisdelay_precise_release=True`` (for the precise releaser, when the package has one); ``off``
+    sets it False (the app's workers release nothing); otherwise the package's default (every worker releases).
 ``REDISDELAY_BENCH_PARK_RECEIVED``
     ``1`` sets ``redisdelay_park_received=True`` (a worker parks the eta messages it receives).
 ``REDISDELAY_BENCH_RESULTS``
@@ -52,7 +53,10 @@ from .common import (
     ENV_TRACK,
     ENV_URL,
     KEY_PREFIX,
+    PRECISE_OFF,
+    PRECISE_ON,
     QUEUES,
+    incr_io,
     server_ms,
 )
 
@@ -70,6 +74,7 @@ class BenchApp:
     plain_stamp: Any  # @app.task: the same, for Celery's own calls
     sleeper: Any  # @rd.delayed: records its start (with its worker), then sleeps
     plain_sleeper: Any  # @app.task(acks_late=True): the same, for Celery's own calls
+    plain_incr: Any  # @app.task: one INCR on the bench's Redis, through a client made once per process
 
 
 def build(
@@ -77,6 +82,7 @@ def build(
     *,
     tick_interval: float = 1.0,
     precise: bool = False,
+    releasing: bool = True,
     set_as_current: bool = False,
     store_url: str | None = None,
     shards: int = 1,
@@ -92,7 +98,8 @@ def build(
 
     ``store_url`` puts the call store elsewhere (a ``redis+cluster://`` URL, say; the broker stays at
     ``url``), ``shards`` sets ``redisdelay_shards``, ``results`` gives the app a Redis result backend
-    (database 1) and keeps the results of its tasks.
+    (database 1) and keeps the results of its tasks. ``precise`` sets ``redisdelay_precise_release=True``,
+    ``releasing=False`` sets it False; neither leaves the package's default.
     """
     backend = f"{url}/1" if results else None
     app: Any = Celery("bench", broker=f"{url}/0", backend=backend, set_as_current=set_as_current)
@@ -110,6 +117,8 @@ def build(
     }
     if precise:
         conf["redisdelay_precise_release"] = True
+    elif not releasing:
+        conf["redisdelay_precise_release"] = False
     if park_received:
         conf["redisdelay_park_received"] = True
     if all_tasks:  # tracked or not as asked, not by the default (which tracks where it can)
@@ -130,6 +139,11 @@ def build(
         return i
 
     plain_noop = app.task(name="bench.plain_noop", shared=False)(plain)
+
+    def incr(i: int = 0) -> int:
+        return incr_io(f"{url}/0", i)
+
+    plain_incr = app.task(name="bench.plain_incr", shared=False)(incr)
 
     def record_start(self: Any, key: str, i: int = 0) -> None:
         """Record ``<call id> <Redis time in ms>`` as the first thing the call does."""
@@ -152,14 +166,15 @@ def build(
 
     sleeper = rd.delayed(name="bench.sleeper", bind=True)(sleep)
     plain_sleeper = app.task(name="bench.plain_sleeper", bind=True, shared=False, acks_late=True)(sleep)
-    return BenchApp(url, app, rd, delayed_noop, plain_noop, stamp, plain_stamp, sleeper, plain_sleeper)
+    return BenchApp(url, app, rd, delayed_noop, plain_noop, stamp, plain_stamp, sleeper, plain_sleeper, plain_incr)
 
 
 def from_environment() -> BenchApp:
     return build(
         os.environ.get(ENV_URL, "redis://127.0.0.1:6379"),
         tick_interval=float(os.environ.get(ENV_TICK, "1.0")),
-        precise=os.environ.get(ENV_PRECISE) == "1",
+        precise=os.environ.get(ENV_PRECISE) == PRECISE_ON,
+        releasing=os.environ.get(ENV_PRECISE) != PRECISE_OFF,
         park_received=os.environ.get(ENV_PARK_RECEIVED) == "1",
         results=os.environ.get(ENV_RESULTS) == "1",
         prefetch=int(os.environ.get(ENV_PREFETCH, "1")),

@@ -3,6 +3,8 @@ the environment they are configured from, the queues, and the Redis clock. Impor
 
 from __future__ import annotations
 
+import os
+
 import redis
 
 ENV_URL = "REDISDELAY_BENCH_URL"
@@ -16,7 +18,12 @@ ENV_ALL_TASKS = "REDISDELAY_BENCH_ALL_TASKS"
 ENV_KOMBU_UNACKED = "REDISDELAY_BENCH_KOMBU_UNACKED"
 ENV_TRACK = "REDISDELAY_BENCH_TRACK"
 
+#: ``REDISDELAY_BENCH_PRECISE``: ``1`` sets ``redisdelay_precise_release=True``, ``off`` sets it False (workers
+#: release nothing), anything else leaves the package's default (every worker runs a precise releaser).
+PRECISE_ON, PRECISE_OFF = "1", "off"
+
 KEY_PREFIX = "bench"
+IO_KEY = "bench:e2e:io"  # the counter the I/O task (``bench.plain_incr``, ``bench.peer_incr``) increments
 
 # Every queue of the benchmarks, declared in ``task_queues`` as an application declares its queues
 # (the release script pushes only onto the lists of queues the app knows). Nobody consumes a queue
@@ -65,3 +72,22 @@ def server_ms(client: redis.Redis) -> int:
     """The Redis server's clock in ms, the clock due times are scored by."""
     seconds, micros = client.time()
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+_clients: dict[tuple[int, str], redis.Redis] = {}
+
+
+def process_client(url: str) -> redis.Redis:
+    """The Redis client of this process for ``url``, made at its first use in the process: a task calls it, so
+    each prefork child makes its own (at its first call) and keeps it, as a real task keeps its connections."""
+    key = (os.getpid(), url)
+    client = _clients.get(key)
+    if client is None:
+        client = _clients[key] = redis.Redis.from_url(url)
+    return client
+
+
+def incr_io(url: str, i: int = 0) -> int:
+    """The I/O task's body: one INCR of :data:`IO_KEY` on the Redis at ``url`` (a database URL)."""
+    process_client(url).incr(IO_KEY)
+    return i

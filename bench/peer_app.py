@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .common import ENV_PREFETCH, ENV_URL, server_ms
+from .common import ENV_PREFETCH, ENV_URL, incr_io, server_ms
 
 PEER_QUEUE = "bench-burst-peer"
 PEER_DB = 2
@@ -46,4 +46,12 @@ def noop(i: int = 0) -> int:
 
 
 stamp = app.task(name="bench.peer_stamp", bind=True, shared=False)(record_start)
+
+
+def incr(i: int = 0) -> int:
+    """One INCR on the bench's Redis (database 0, as ours), as ``bench.plain_incr`` of :mod:`bench.app`."""
+    return incr_io(f"{url}/0", i)
+
+
 noop_task = app.task(name="bench.peer_noop", shared=False)(noop)
+incr_task = app.task(name="bench.peer_incr", shared=False)(incr)

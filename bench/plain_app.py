@@ -11,7 +11,7 @@ import redis
 from celery import Celery
 from kombu import Exchange, Queue
 
-from .common import DEFAULT_QUEUE, ENV_PREFETCH, ENV_URL, QUEUES, server_ms
+from .common import DEFAULT_QUEUE, ENV_PREFETCH, ENV_URL, QUEUES, incr_io, server_ms
 
 url = os.environ.get(ENV_URL, "redis://127.0.0.1:6379")
 app: Any = Celery("bench-plain", broker=f"{url}/0", set_as_current=True)
@@ -35,5 +35,11 @@ def record_start(self: Any, key: str, i: int = 0) -> None:
     marks.rpush(key, f"{self.request.id} {server_ms(marks)}")
 
 
+def incr(i: int = 0) -> int:
+    """One INCR on the bench's Redis, as ``bench.plain_incr`` of :mod:`bench.app`."""
+    return incr_io(f"{url}/0", i)
+
+
 plain_noop = app.task(name="bench.plain_noop", shared=False)(noop)
+plain_incr = app.task(name="bench.plain_incr", shared=False)(incr)
 plain_stamp = app.task(name="bench.plain_stamp", bind=True, shared=False)(record_start)

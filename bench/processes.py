@@ -24,6 +24,8 @@ from .common import (
     ENV_TICK,
     ENV_TRACK,
     ENV_URL,
+    PRECISE_OFF,
+    PRECISE_ON,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +74,7 @@ class Processes:
         *,
         tick_interval: float = 1.0,
         precise: bool = False,
+        releasing: bool = True,
         park_received: bool = False,
         results: bool = False,
         prefetch: int = 1,
@@ -89,7 +92,7 @@ class Processes:
             ENV_RESULTS: "1" if results else "0",
             ENV_URL: self.url,
             ENV_TICK: str(tick_interval),
-            ENV_PRECISE: "1" if precise else "0",
+            ENV_PRECISE: PRECISE_ON if precise else ("0" if releasing else PRECISE_OFF),
             ENV_PARK_RECEIVED: "1" if park_received else "0",
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",  # their output reaches the log file as it is written
@@ -112,6 +115,7 @@ class Processes:
         concurrency: int = 1,
         tick_interval: float = 1.0,
         precise: bool = False,
+        releasing: bool = True,
         park_received: bool = False,
         results: bool = False,
         prefetch: int = 1,
@@ -120,8 +124,13 @@ class Processes:
         all_tasks: bool = False,
         kombu_unacked: bool = False,
         track: bool = False,
+        wait: bool = True,
     ) -> CeleryProcess:
-        """A worker of ``app`` (the bench's own by default), waited for until it is ready."""
+        """A worker of ``app`` (the bench's own by default), waited for until it is ready (``wait=False``: started
+        only; the caller waits with :meth:`wait_ready`, so that several workers start side by side).
+
+        ``releasing=False`` sets ``redisdelay_precise_release=False`` (the worker runs no releaser); by default a
+        worker of the bench's app has the package's default (it runs one), ``precise=True`` says so explicitly."""
         command = [
             "worker",
             "--loglevel=INFO",
@@ -138,6 +147,7 @@ class Processes:
             self.env(
                 tick_interval=tick_interval,
                 precise=precise,
+                releasing=releasing,
                 park_received=park_received,
                 results=results,
                 prefetch=prefetch,
@@ -148,8 +158,9 @@ class Processes:
             ),
             app,
         )
-        self.wait_ready(process)
-        self.say(f"  worker {name} ready (pid {process.pid}, pool {pool}, queues {queues})")
+        if wait:
+            self.wait_ready(process)
+            self.say(f"  worker {name} ready (pid {process.pid}, pool {pool}, queues {queues})")
         return process
 
     def module(self, module: str, args: list[str], env: dict[str, str] | None = None) -> CeleryProcess:

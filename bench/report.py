@@ -47,7 +47,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def _number(value: float, unit: str) -> str:
-    if unit in ("calls/s", "B/call"):
+    if unit in ("calls/s", "B/call", "calls"):
         return f"{value:,.0f} {unit}"
     if unit == "MB":
         return f"{value:+.1f} MB"

@@ -9,7 +9,7 @@ from typing import Any
 from ..context import Context
 from .burst import burst
 from .dashboard import dashboard
-from .due_now import e2e_due_now
+from .due_now import e2e_due_now, e2e_due_now_io
 from .e2e import e2e_throughput
 from .history import history_cost
 from .lateness import lateness
@@ -23,6 +23,7 @@ from .release_cluster import release_cluster
 from .release_limited import release_limited
 from .release_paused import release_paused
 from .worker_memory import worker_memory
+from .workers_releasing import workers_releasing
 
 Figure = Callable[[Context], dict[str, Any]]
 
@@ -41,6 +42,7 @@ FIGURES: dict[str, Figure] = {
     "dashboard": dashboard,
     "e2e_throughput": e2e_throughput,
     "e2e_due_now": e2e_due_now,
+    "e2e_due_now_io": e2e_due_now_io,
     "recovery": recovery,
     "long_run": long_run,
     "recovery_due_now": recovery_due_now,
@@ -48,4 +50,5 @@ FIGURES: dict[str, Figure] = {
     "burst": burst,
     "limits": limits,
     "pause_fleet": pause_fleet,
+    "workers_releasing": workers_releasing,
 }

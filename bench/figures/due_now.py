@@ -7,15 +7,19 @@ under a lease, acknowledged), the same tasks in an app without the extension (``
 installed on Redis 7 or newer, celery-redis-plus (``bench/peer_app.py``). N no-op calls, then a call that records
 its start, sent one at a time through one producer; timed until that last call runs. The sides take turns over two
 rounds after a warm-up of each. Targets: at least 1.5x plain Celery and at least 1.0x celery-redis-plus.
+
+``e2e_due_now_io`` is the same figure with a task that does some I/O, as real tasks do: each call writes once to the
+bench's Redis (an INCR, through a client the worker's process makes once), on every side.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 from ..app import build
-from ..common import E2E_PLAIN_QUEUE, E2E_QUEUE, ENV_PREFETCH, ENV_URL
+from ..common import E2E_PLAIN_QUEUE, E2E_QUEUE, ENV_PREFETCH, ENV_URL, IO_KEY
 from ..context import Context
 from ..report import SKIPPED, Row, ratio
 from .burst import peer_available
@@ -26,14 +30,44 @@ TARGET_CELERY = 1.5
 TARGET_PEER = 1.0
 
 
+@dataclass(frozen=True)
+class Workload:
+    """The task every side calls: one figure of this module per workload."""
+
+    figure: str
+    task: str  # the attribute of the task on our bench app and on bench.plain_app
+    peer_task: str  # the attribute of the same task on bench.peer_app
+    what: str  # for the details
+
+
+NOOP = Workload("e2e_due_now", "plain_noop", "noop_task", "no-op")
+IO = Workload("e2e_due_now_io", "plain_incr", "incr_task", f"one INCR of {IO_KEY} on the bench's Redis")
+
+
 def e2e_due_now(ctx: Context) -> dict[str, Any]:
-    """Calls/s of calls due now, every one tracked, against plain Celery and celery-redis-plus."""
+    """Calls/s of no-op calls due now, every one tracked, against plain Celery and celery-redis-plus."""
+    return due_now(ctx, NOOP)
+
+
+def e2e_due_now_io(ctx: Context) -> dict[str, Any]:
+    """The same with a task that writes once to Redis."""
+    return due_now(ctx, IO)
+
+
+def due_now(ctx: Context, workload: Workload) -> dict[str, Any]:
+    """Calls/s of ``workload``'s calls due now, every one tracked, against plain Celery and celery-redis-plus."""
     n = ctx.sizes.e2e
     rows: list[Row] = []
-    details: dict[str, Any] = {"calls": n, "rounds": ROUNDS, "pool": "prefork", "concurrency": 2}
+    details: dict[str, Any] = {
+        "calls": n,
+        "rounds": ROUNDS,
+        "pool": "prefork",
+        "concurrency": 2,
+        "task": workload.what,
+    }
     for prefetch in PREFETCHES[:1] if ctx.quick else PREFETCHES:  # --quick: Celery's default prefetch alone
-        rates, why_not = one_prefetch(ctx, n, prefetch, details)
-        label = f"e2e_due_now (tracked, prefetch {prefetch})"
+        rates, why_not = one_prefetch(ctx, n, prefetch, details, workload)
+        label = f"{workload.figure} (tracked, prefetch {prefetch})"
         found = ratio(rates["ours"], rates["plain"])
         rows.append(
             Row(
@@ -47,7 +81,7 @@ def e2e_due_now(ctx: Context) -> dict[str, Any]:
                 found is not None and found >= TARGET_CELERY,
             )
         )
-        label = f"e2e_due_now (tracked, prefetch {prefetch}) vs celery-redis-plus"
+        label = f"{workload.figure} (tracked, prefetch {prefetch}) vs celery-redis-plus"
         if why_not is not None:
             rows.append(Row(label, SKIPPED, "calls/s", target=f"skipped: {why_not}"[:60]))
         else:
@@ -64,11 +98,13 @@ def e2e_due_now(ctx: Context) -> dict[str, Any]:
                     found is not None and found >= TARGET_PEER,
                 )
             )
-    ctx.clear(E2E_QUEUE, E2E_PLAIN_QUEUE)
+    ctx.clear(E2E_QUEUE, E2E_PLAIN_QUEUE, IO_KEY)
     return {"rows": [row.as_dict() for row in rows], "details": details}
 
 
-def one_prefetch(ctx: Context, n: int, prefetch: int, details: dict[str, Any]) -> tuple[dict[str, float], str | None]:
+def one_prefetch(
+    ctx: Context, n: int, prefetch: int, details: dict[str, Any], workload: Workload = NOOP
+) -> tuple[dict[str, float], str | None]:
     """Each side's calls/s over the rounds at one ``worker_prefetch_multiplier``; why the peer was not measured."""
     os.environ[ENV_URL] = ctx.url  # the plain and peer apps read their Redis from the bench's environment
     os.environ[ENV_PREFETCH] = str(prefetch)
@@ -76,8 +112,8 @@ def one_prefetch(ctx: Context, n: int, prefetch: int, details: dict[str, Any]) -
 
     ours = build(ctx.url, all_tasks=True, track=True, prefetch=prefetch)
     sides: dict[str, tuple[Any, Any, Any, str]] = {
-        "ours": (ours.app, ours.plain_noop, ours.plain_stamp, E2E_QUEUE),
-        "plain": (plain_app.app, plain_app.plain_noop, plain_app.plain_stamp, E2E_PLAIN_QUEUE),
+        "ours": (ours.app, getattr(ours, workload.task), ours.plain_stamp, E2E_QUEUE),
+        "plain": (plain_app.app, getattr(plain_app, workload.task), plain_app.plain_stamp, E2E_PLAIN_QUEUE),
     }
     processes = ctx.processes
     workers = [
@@ -96,7 +132,7 @@ def one_prefetch(ctx: Context, n: int, prefetch: int, details: dict[str, Any]) -
     if why_not is None:
         from .. import peer_app
 
-        sides["peer"] = (peer_app.app, peer_app.noop_task, peer_app.stamp, peer_app.PEER_QUEUE)
+        sides["peer"] = (peer_app.app, getattr(peer_app, workload.peer_task), peer_app.stamp, peer_app.PEER_QUEUE)
         workers.append(
             processes.worker(
                 f"bench-due-peer-{prefetch}",
@@ -113,7 +149,7 @@ def one_prefetch(ctx: Context, n: int, prefetch: int, details: dict[str, Any]) -
             for side, (app, noop, stamp, queue) in sides.items():
                 took = plain_calls(ctx, app, noop, stamp, size, queue)
                 ctx.say(
-                    f"  e2e_due_now prefetch {prefetch} {side} "
+                    f"  {workload.figure} prefetch {prefetch} {side} "
                     f"{'round ' + str(turn) if turn else 'warm-up'}: {size / took:,.0f} calls/s"
                 )
                 if turn:
