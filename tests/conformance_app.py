@@ -191,6 +191,14 @@ def late(self: Any, value: Any) -> Any:
     return value
 
 
+@both(acks_late=True, acks_on_failure_or_timeout=False)
+def late_failing(self: Any, token: str) -> None:
+    """Fail: with ``acks_on_failure_or_timeout`` False Celery rejects the message without requeue; it runs no more."""
+    observe(self)
+    marks.incr(f"failing:{token}:{self.name}")
+    raise KeyError(token)
+
+
 @both(acks_late=True, reject_on_worker_lost=True)
 def lost_then_requeued(self: Any, token: str) -> str:
     """Kill its own pool process on the first delivery: Celery requeues the message (acks_late)."""

@@ -17,6 +17,7 @@ from typing import Any
 import redis
 from celery import Celery, shared_task, signals
 from celery.exceptions import Reject
+from kombu import Exchange, Queue
 
 from celery_redisdelay import Abandon, RedisDelay
 from tests import topology_proj
@@ -110,14 +111,19 @@ def stall_the_loop_on(task_name: str, notes: Notes, key: str) -> None:
 
 def make_app(conf: dict[str, Any], name: str = "pool_proj") -> tuple[Celery, RedisDelay]:
     """The app with ``conf`` and its tasks. Besides Celery's settings, ``conf`` may hold ``marks_url`` (where
-    the tasks note what they did), ``hold_store_lock_at_fork`` (see :func:`hold_the_store_lock_at_each_fork`,
+    the tasks note what they did), ``topic_queue`` (a queue name: the plain tasks go there through a topic
+    exchange), ``hold_store_lock_at_fork`` (see :func:`hold_the_store_lock_at_each_fork`,
     done in a worker's main process) and ``stall_loop_on`` (a task's name and a key, see
     :func:`stall_the_loop_on`)."""
     conf = dict(conf)
     notes = Notes(conf.pop("marks_url", "redis://127.0.0.1:6379/2"))
     hold_lock = conf.pop("hold_store_lock_at_fork", False)
     stall = conf.pop("stall_loop_on", None)
+    topic = conf.pop("topic_queue", None)
     app, rd = topology_proj.make_app(conf, name)  # the same defaults as the topology tests
+    if topic:  # a queue bound to a topic exchange, the plain tasks routed there: no call of theirs is sent by send.lua
+        app.conf.task_queues = [Queue(topic, Exchange(f"{topic}-exchange", type="topic"), routing_key=f"{topic}.#")]
+        app.conf.task_routes = {"plain.*": {"queue": topic, "routing_key": f"{topic}.calls"}}
     if hold_lock:
         signals.worker_init.connect(lambda **_: hold_the_store_lock_at_each_fork(rd), weak=False)
     if stall:

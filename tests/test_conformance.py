@@ -526,6 +526,17 @@ def test_acks_late(conf: Any) -> None:
     untracked(conf, results["delayed"].id)
 
 
+def test_a_late_failure_not_acknowledged_is_rejected_and_runs_no_more(conf: Any) -> None:
+    """``acks_on_failure_or_timeout = False`` (``task_acks_on_failure_or_timeout``): Celery rejects the failed
+    message without requeue, and the call is not run again; nor is it by the store."""
+    token = str(uuid.uuid4())
+    results = launch(conf, "late_failing", lambda task: task.apply_async((token,), countdown=0.5))
+    for result in results.values():
+        settled(result, "FAILURE")
+    untracked(conf, results["delayed"].id)
+    assert {variant: ran(conf, r.id) for variant, r in results.items()} == {"plain": 1, "delayed": 1}
+
+
 @prefork_only
 def test_reject_on_worker_lost_runs_the_call_again(conf: Any) -> None:
     token = str(uuid.uuid4())

@@ -112,6 +112,26 @@ def state(run: PoolRun, call_id: str) -> str | None:
     return entry.state if entry is not None else None
 
 
+@pytest.mark.e2e
+def test_a_call_to_a_topic_exchange_runs_at_once_with_no_beat_and_is_tracked(redis_server: RedisServer) -> None:
+    """A call due now routed to a topic exchange cannot be pushed by send.lua: it is parked due now. With no beat,
+    the workers' releasers send it at once, and it is tracked as a released call."""
+    with pool_worker(redis_server, "threads", concurrency=2, topic_queue="topical", **TRACKING) as run:
+        key = f"{run.prefix}:runs"
+        ids = [run.task("plain.record").delay(key, n).id for n in range(5)]
+        wait_for(lambda: len(run.notes(key)) >= 5, 30, "the calls to run")
+        assert sorted(n["id"] for n in run.notes(key)) == sorted(ids)
+        assert {n["phase"] for n in run.notes(key)} == {"running"}, "the store knew each call while it ran"
+        wait_for(run.settled, 30, "every call to be acknowledged")
+
+
+@pytest.mark.e2e
+def test_a_worker_that_does_not_release_says_so_when_nothing_releases(redis_server: RedisServer) -> None:
+    with pool_worker(redis_server, "threads", concurrency=1, redisdelay_precise_release=False, **TRACKING) as run:
+        wait_for(lambda: "nothing releases" in run.worker.output(), 30, "the worker's warning")
+        assert "redisdelay_precise_release is False and no releaser has run ever" in run.worker.output()
+
+
 # -- the store's side, against a real redis-server -----------------------------------------------------------------
 
 
