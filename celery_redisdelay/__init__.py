@@ -17,7 +17,7 @@ from .producer.locks import Lock
 from .producer.task import DelayedTask
 
 # The one place of the version: pyproject.toml and docs/conf.py read it, CHANGELOG.rst has an entry for it.
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "Abandon",

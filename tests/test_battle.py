@@ -151,9 +151,9 @@ def worker_lost(call_id: str, worker: str, started: float) -> dict[str, Any]:
     """A dead letter as the store's sweep makes it of a run cut short with its worker (store/lua/sweep.lua)."""
     at = datetime.fromtimestamp(started, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3]
     why = (
-        f"worker lost: the run of delivery 1 that started on {worker}@h at {at}Z was cut short with its worker; its "
-        "task runs a call at most once past its start (redisdelay_worker_lost), so it is not run again: requeue it "
-        "to run it again"
+        f"worker lost: the run of delivery 1 that started on {worker}@h at {at}Z had not reported its end when its "
+        "worker was lost; its task runs a call at most once past its start (redisdelay_worker_lost), so it is not "
+        "run again: check whether the run did its work, then requeue it to run it again"
     )
     return {"id": call_id, "why": why, "at": started + 60.0}
 

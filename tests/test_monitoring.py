@@ -41,6 +41,7 @@ ALERTS = {
     "RedisDelayNoReleaser",
     "RedisDelayInflightPastDeadline",
     "RedisDelayPausedLong",
+    "RedisDelayWorkerLost",
 }
 #: The test series: one sample a minute for this many minutes.
 MINUTES = 40
@@ -194,7 +195,7 @@ def test_the_rules_are_valid(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yml"
     rules.write_text(monitoring.read("alerts"))
     done = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and "SUCCESS: 6 rules found" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 0 and f"SUCCESS: {len(ALERTS)} rules found" in done.stdout, done.stdout + done.stderr
 
 
 def test_a_healthy_deployment_raises_no_alert(scrape: list[Sample], tmp_path: Path) -> None:
@@ -217,13 +218,14 @@ def case(input_series: list[dict[str, str]], *checks: dict[str, Any]) -> dict[st
 
 def test_each_fault_raises_its_alert(scrape: list[Sample], tmp_path: Path) -> None:
     assert values(scrape, "redisdelay_tick_interval_seconds") == [1.0], "the rule counts ticks of the default 1 s"
-    growing, late, dead, stopped, past, paused = (
+    growing, late, dead, stopped, past, paused, lost = (
         "RedisDelayDueBacklogGrowing",
         "RedisDelayReleaseLatenessHigh",
         "RedisDelayDeadLettering",
         "RedisDelayNoReleaser",
         "RedisDelayInflightPastDeadline",
         "RedisDelayPausedLong",
+        "RedisDelayWorkerLost",
     )
     no_releaser = alert(stopped, "critical", "No releaser has run for 10 ticks", "No beat tick")
     run_promtool(
@@ -249,6 +251,17 @@ def test_each_fault_raises_its_alert(scrape: list[Sample], tmp_path: Path) -> No
                 at(14, dead),
                 at(20, dead, alert(dead, "critical", "2 calls dead-lettered in 10 minutes", "Calls ran out")),
                 at(30, dead),
+            ),
+            # a worker dies mid-run at minute 15: its early-ack call is dead-lettered, raised at once
+            case(
+                series(scrape, redisdelay_worker_lost_total="0x15 1x25"),
+                at(14, lost),
+                at(
+                    20,
+                    lost,
+                    alert(lost, "warning", "Runs cut short with their worker: 1 in 10 minutes", "Workers died"),
+                ),
+                at(30, lost),
             ),
             # the releasers stop at minute 10
             case(

@@ -28,6 +28,11 @@ TOTALS = {
     "released": ("released", "Calls taken from the delay set for the broker (a failed publish gives one back)."),
     "swept": ("swept", "In-flight calls past their deadline put back for another delivery."),
     "dead_lettered": ("dead_lettered", "Calls moved to the dead-letter set."),
+    "worker_lost": (
+        "worker_lost",
+        "Runs cut short with their worker and dead-lettered, not run again, by their task's contract "
+        "(redisdelay_worker_lost; counted in dead_lettered too).",
+    ),
     "acked": ("acknowledged", "Calls acknowledged by a worker (finished)."),
     "revoked": ("revoked", "Released calls a worker discarded unrun because they were revoked."),
     "expired": ("expired", "Released calls a worker discarded unrun because their expires had passed."),

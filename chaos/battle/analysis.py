@@ -62,7 +62,7 @@ ACCEPT_SECONDS = 1.0
 ACK_SECONDS = 2.0
 #: The judgements of a ``worker lost`` dead letter that count its unit as dead-lettered by contract.
 BY_CONTRACT = ("cut", "accepted")
-_REASON = re.compile(r"started on (?P<worker>\S+?)(?: at (?P<at>\d{4}-\d\d-\d\dT[\d:.]+)Z)? was cut short")
+_REASON = re.compile(r"started on (?P<worker>\S+?)(?: at (?P<at>\d{4}-\d\d-\d\dT[\d:.]+)Z)? had not reported its end")
 
 
 def quantiles(values: Iterable[float]) -> dict[str, Any]:
@@ -99,7 +99,7 @@ def target_name(fault: Mapping[str, Any]) -> str:
 
 def reason_start(why: str) -> tuple[str | None, float | None]:
     """The worker and the wall clock of the run start a ``worker lost`` reason names (``... started on
-    worker0-1@host at 2026-01-02T03:04:05.678Z was cut short ...``); None for what it does not say."""
+    worker0-1@host at 2026-01-02T03:04:05.678Z had not reported its end ...``); None for what it does not say."""
     found = _REASON.search(why)
     if found is None:
         return None, None

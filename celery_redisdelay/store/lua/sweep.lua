@@ -66,9 +66,10 @@ local function sweep_call(id, meta)
     elseif meta.s == 'running' and meta.c then
         local started = tonumber(meta.st)
         bury(id, meta, 'worker lost: the run of delivery ' .. deliveries .. ' that started on '
-            .. tostring(meta.h or 'a worker') .. (started and (' at ' .. utc_text(started)) or '') .. ' was cut short'
-            .. ' with its worker; its task runs a call at most once past its start (redisdelay_worker_lost), so it'
-            .. ' is not run again: requeue it to run it again', now)
+            .. tostring(meta.h or 'a worker') .. (started and (' at ' .. utc_text(started)) or '') .. ' had not'
+            .. ' reported its end when its worker was lost; its task runs a call at most once past its start'
+            .. ' (redisdelay_worker_lost), so it is not run again: check whether the run did its work, then requeue'
+            .. ' it to run it again', now)
         count('worker_lost', 1)
         buried = buried + 1
     elseif limit > 0 and deliveries >= limit then
