@@ -163,6 +163,22 @@ def test_status_of_an_empty_store(rd: RedisDelay) -> None:
     assert "  oldest overdue  -\n" in ok(rd, "status").stdout
 
 
+def test_status_says_who_releases_and_when_nothing_does(make_rd: Callable[..., RedisDelay]) -> None:
+    workers = make_rd()
+    assert as_json(workers, "status")["releasing"] == {"workers": True, "last_seconds_ago": None, "problem": None}
+    assert "\nreleasing         every worker, last release never\n" in ok(workers, "status").stdout
+
+    alone = make_rd(redisdelay_precise_release=False)
+    found = as_json(alone, "status")["releasing"]
+    assert not found["workers"] and found["last_seconds_ago"] is None
+    assert "nothing releases" in found["problem"] and found["problem"] in alone.check_server()
+    assert "NOTHING RELEASES" in ok(alone, "status").stdout
+    alone.tick()  # beat's tick, say
+    found = as_json(alone, "status")["releasing"]
+    assert found["problem"] is None and 0 <= found["last_seconds_ago"] < 5
+    assert not [problem for problem in alone.check_server() if "nothing releases" in problem]
+
+
 # -- list -----------------------------------------------------------------------------------------
 
 

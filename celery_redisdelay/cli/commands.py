@@ -182,6 +182,7 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
         ("  items waiting", f"{found['batch_items']:,}"),
         ("locks waited on", f"{found['locks_with_waiters']:,}"),
         ("memory", _memory(found["memory_bytes_estimate"])),
+        ("releasing", _releasing(found["releasing"])),
         ("workers", f"{len(found['workers']):,} holding calls under leases"),
     ]
     rows += [
@@ -206,6 +207,15 @@ def _late(oldest: dict[str, Any] | None, what: str, late: str) -> str:
     if oldest is None:
         return "-"
     return f"{oldest['id']} ({oldest['task'] or '?'}), {what} {oldest['time']}, {span(oldest['late_seconds'])} {late}"
+
+
+def _releasing(releasing: dict[str, Any]) -> str:
+    ago = releasing["last_seconds_ago"]
+    last = "never" if ago is None else f"{span(ago)} ago"
+    if releasing["problem"]:
+        return f"NOTHING RELEASES: no worker releases (redisdelay_precise_release False), last release {last}"
+    who = "every worker" if releasing["workers"] else "beat or a releaser"
+    return f"{who}, last release {last}"
 
 
 def _memory(size: int | None) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RedisDelayError
 from ..store.calls import LARGEST_STEP, CallStore, redis_errors, text
 from ..store.meta import decode_meta
+from .checks import releasing
 from .limits import limit_states
 from .listing import (
     ORDERS,
@@ -148,6 +149,7 @@ def status(depot: Depot) -> dict[str, Any]:
         "memory_bytes_estimate": memory,
         "workers": worker_leases(depot),
         "limits": [state.as_dict() for state in limit_states(depot).values()],
+        "releasing": releasing(depot),
     }
 
 

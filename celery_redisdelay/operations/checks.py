@@ -21,13 +21,7 @@ if TYPE_CHECKING:
 
 def server_problems(depot: Depot) -> list[str]:
     """Problems of the store's Redis that can lose parked calls; logged loudly when workers and beat start."""
-    problems = []
-    if not depot.settings.workers_release:
-        now, oldest = 0.0, None  # the shard released longest ago (None: one never was)
-        for index, store in enumerate(depot.shards.all()):
-            now, released = store.last_release()
-            oldest = released if index == 0 or oldest is None or released is None else min(oldest, released)
-        problems += release_problems(depot, now, oldest)
+    problems = [] if depot.settings.workers_release else list(filter(None, [releasing(depot)["problem"]]))
     try:
         found: Any = depot.client.config_get("maxmemory-policy")
     except redis.RedisError:
@@ -66,6 +60,22 @@ def release_problems(depot: Depot, now: float, last_release: float | None) -> li
         "due now that had to be parked and the calls of a worker that died wait until beat (celery -A proj beat) or "
         "a releaser (celery -A proj redisdelay releaser) runs; or remove the setting, and each worker releases"
     ]
+
+
+def releasing(depot: Depot) -> dict[str, Any]:
+    """Who releases and sweeps: ``workers`` (each worker does, ``redisdelay_precise_release`` not False), when a
+    releaser last ran (``last_seconds_ago``, the shard released longest ago; None: one never was), and the
+    ``problem`` :func:`release_problems` finds (None: none)."""
+    now, oldest = 0.0, None
+    for index, store in enumerate(depot.shards.all()):
+        now, released = store.last_release()
+        oldest = released if index == 0 or oldest is None or released is None else min(oldest, released)
+    problems = release_problems(depot, now, oldest)
+    return {
+        "workers": depot.settings.workers_release,
+        "last_seconds_ago": None if oldest is None else max(0.0, now - oldest),
+        "problem": problems[0] if problems else None,
+    }
 
 
 def config_problems(depot: Depot) -> list[str]:
