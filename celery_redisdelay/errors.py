@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from celery.exceptions import Ignore
-from kombu.exceptions import EncodeError
+from kombu.exceptions import EncodeError, OperationalError
 
 
 class RedisDelayError(Exception):
@@ -26,8 +26,15 @@ class PayloadError(RedisDelayError, EncodeError):  # type: ignore[misc]  # kombu
     """
 
 
-class StoreUnavailableError(RedisDelayError, ConnectionError):
-    """Redis could not be reached, or refused the command; nothing was changed by the failed call."""
+class StoreUnavailableError(RedisDelayError, ConnectionError, OperationalError):  # type: ignore[misc]  # kombu is untyped
+    """Redis could not be reached, or refused the command; nothing was changed by the failed call.
+
+    It is also a :class:`kombu.exceptions.OperationalError`, the error Celery raises when a publish cannot reach
+    the broker: ``except OperationalError`` around ``delay()`` catches a call the store could not take, as it
+    catches one the broker could not. A call (``apply_async``, ``delay``, ``send_task``) tries an unreachable store
+    as Celery tries a publish: again under its ``retry_policy`` (over ``task_publish_retry_policy``), or once with
+    ``retry=False``.
+    """
 
 
 class NotReplicatedError(RedisDelayError):

@@ -5,12 +5,16 @@ call of a task by its rules (:mod:`celery_redisdelay.producer.rules`), with its 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from itertools import count
+from time import sleep
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
+import redis
 from celery.result import AsyncResult
-from kombu.exceptions import OperationalError
+from kombu.utils.functional import fxrange
 
 from ..errors import RedisDelayError, ScheduleError, StoreUnavailableError
 from ..message.envelope import Envelope
@@ -28,9 +32,73 @@ from .templates import CallTemplate
 DEBOUNCE_ATTEMPTS = 8
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from ..store.depot import Depot
     from .kept import TemplateCache
     from .rules import CallRules
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class PublishRetry(NamedTuple):
+    """How Celery retries the publish of a call, which a call's store write follows instead: ``retry`` (the call's, else
+    ``task_publish_retry``) and ``policy``, ``task_publish_retry_policy`` updated with the call's ``retry_policy``
+    (kombu's ``Connection.ensure`` arguments: ``max_retries``, ``interval_start``, ``interval_step``,
+    ``interval_max``)."""
+
+    retry: bool
+    policy: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, app: Celery, options: Mapping[str, Any]) -> PublishRetry:
+        """The retry of a call with these options, as Celery's ``send_task_message`` works it out."""
+        retry, given = options.get("retry"), options.get("retry_policy")
+        default = app.conf.task_publish_retry_policy or {}
+        return cls(
+            bool(app.conf.task_publish_retry if retry is None else retry),
+            dict(default, **given) if given else dict(default),
+        )
+
+    @classmethod
+    def given(cls, envelope: Envelope) -> PublishRetry:
+        """The retry Celery gave the publish of the message in ``envelope`` (worked out already)."""
+        return cls(envelope.retry, envelope.retry_policy or {})
+
+
+def retrying(retry: PublishRetry, write: Callable[[], T]) -> T:
+    """``write()``, a store call for a call (its store write, the lookup of its key), tried as kombu's
+    ``Connection.ensure`` tries Celery's publish: with ``retry``, again while the store is unreachable, up to
+    ``max_retries`` times (None: until it answers), after ``interval_start`` seconds, then ``interval_step`` more each
+    time up to ``interval_max``; without it, once. A store that answers with a refusal is not tried again.
+
+    This is the one retry of a call's store write. The write runs inside Celery's ``producer.publish``, where kombu
+    retries nothing (the parking producer's ``publish`` is not kombu's); where Celery retries the publish itself (a
+    worker's callback), it passes ``retry=False`` and this tries once. The store's client retries nothing itself
+    when made from a URL (redis-py's retry is off then; a connection the direct EVALSHA path finds broken is tried
+    once more through redis-py's path, see store/evalsha.py), unless ``redisdelay_connection_options`` gives it a
+    ``retry``, or it is a cluster client (which retries on its own). Parking or sending a call again under its id
+    is safe: the scripts count it once (see park.lua and send.lua)."""
+    policy = retry.policy
+    max_retries = policy.get("max_retries") if retry.retry else 0
+    start, step = float(policy.get("interval_start", 1)), float(policy.get("interval_step", 1))
+    longest = float(policy.get("interval_max", 1))
+    intervals = (min(value, longest) for value in fxrange(start, longest + start, step, repeatlast=True))
+    for retries in count():
+        try:
+            return write()
+        except StoreUnavailableError as exc:
+            unreachable = isinstance(exc.__cause__, redis.ConnectionError | redis.TimeoutError)
+            if not unreachable or (max_retries is not None and retries >= max_retries):
+                if retries:
+                    exc.add_note(f"celery-redisdelay tried {retries + 1} times (the call's retry_policy)")
+                raise
+            wait = float(next(intervals))
+            logger.debug("redisdelay: %s; trying again in %.2fs (retry %d of %s)", exc, wait, retries + 1, max_retries)
+            if wait > 0:
+                sleep(wait)
+    raise AssertionError("unreachable")  # count() never ends
 
 
 @contextmanager
@@ -74,7 +142,8 @@ def parking_producer(
         # A broker message's metadata names the list the release script pushes it onto.
         stored_meta: Limits | CallMeta = routed(meta, fast.key) if fast else meta
         send_to = fast.key if send_now and fast else None
-        status, holder = store_call(depot, task_id, encoded, stored_meta, None, due, mode, key, gate, send_to)
+        retry = PublishRetry.given(envelope)  # as Celery gave it to this publish
+        status, holder = store_call(depot, task_id, encoded, stored_meta, None, due, mode, key, gate, send_to, retry)
         if learn is not None:
             options = dict(learn.options)
             fixed = ("argsrepr" in options, "kwargsrepr" in options)
@@ -100,9 +169,11 @@ def park_from(
     eta: str | None = None,
     gate: Gate | None = None,
     send_now: bool = False,
+    retry: PublishRetry | None = None,
 ) -> tuple[int, str]:
     """Park a call rendered from a kept template, without Celery: (status, id), as the parking
-    producer's ``outcome`` (with ``send_now``, sent onto its queue at once: see :func:`store_call`). The
+    producer's ``outcome`` (with ``send_now``, sent onto its queue at once: see :func:`store_call`), tried
+    by ``retry`` (the app's ``task_publish_retry`` and ``task_publish_retry_policy`` when None). The
     arguments are checked as Celery checks them first, and the result backend hears of the call as Celery's
     ``send_task`` tells it, before the message goes (the Redis backend subscribes to the result's channel; kept
     templates allow no other backend that does anything here)."""
@@ -120,7 +191,8 @@ def park_from(
     route = kept.meta.get("l") if send_now else None
     send_to = route if isinstance(route, str) else None
     stored_meta = meta_json(kept.meta, key) if mode else kept.stored_meta
-    return store_call(depot, call_id, stored, kept.meta, stored_meta, due, mode, key, gate, send_to)
+    retry = retry or PublishRetry.of(depot.app, {})
+    return store_call(depot, call_id, stored, kept.meta, stored_meta, due, mode, key, gate, send_to, retry)
 
 
 def store_call(
@@ -134,32 +206,39 @@ def store_call(
     key: str,
     gate: Gate | None,
     send_to: str | None,
+    retry: PublishRetry,
 ) -> tuple[int, str]:
     """Store a call on its home shard: (status, id of the call stored or kept). ``stored_meta`` is ``meta``'s stored
     form when known. A call due now with ``send_to`` (the queue list its broker message goes to, where the broker
     is the store's Redis) and no unique key nor limits is sent: stored in flight and pushed onto the list in one
-    script (:meth:`CallStore.send`), tracked from there as a released call. Any other call is parked."""
-    store = depot.shards.home(call_id)
+    script (:meth:`CallStore.send`), tracked from there as a released call. Any other call is parked.
+
+    This is where every single call is written to the store (built by Celery or rendered from a template), so the
+    call's publish ``retry`` applies here, once (:func:`retrying`)."""
     if send_to is not None and not mode and gate is None:
-        store.send(
+        message_meta = stored_meta if stored_meta is not None else meta_json(meta)
+        queue_timeout_ms = round(depot.settings.queue_timeout * 1000)
+
+        def send() -> tuple[int, str]:
+            depot.shards.home(call_id).send(call_id, payload, message_meta, send_to, queue_timeout_ms)
+            return STORED, call_id
+
+        return retrying(retry, send)
+
+    def park() -> tuple[int, str]:
+        status, _, holder = depot.shards.home(call_id).park_keyed(
             call_id,
             payload,
-            stored_meta if stored_meta is not None else meta_json(meta),
-            send_to,
-            round(depot.settings.queue_timeout * 1000),
+            stored_meta if stored_meta is not None else meta,
+            countdown_ms=due.countdown_ms,
+            due_ms=due.at_ms,
+            mode=mode,
+            key=key,
+            gate=gate,
         )
-        return STORED, call_id
-    status, _, holder = store.park_keyed(
-        call_id,
-        payload,
-        stored_meta if stored_meta is not None else meta,
-        countdown_ms=due.countdown_ms,
-        due_ms=due.at_ms,
-        mode=mode,
-        key=key,
-        gate=gate,
-    )
-    return status, holder
+        return status, holder
+
+    return retrying(retry, park)
 
 
 def park_call(
@@ -207,6 +286,9 @@ def park_call(
     )
 
     depot, templates = rules.depot, rules.templates
+    # How Celery would retry this call's publish: its store calls are tried so (the write itself by what Celery
+    # hands the parking producer, which is this unless Celery retries the publish itself).
+    retry = PublishRetry.of(app, options)
     # Calls like one Celery built before are rendered from its template (templates.py).
     via, named = built_by
     kept_key = template_key(task, via, {**options, **named}, limits, eta_text is not None) if capture is None else None
@@ -218,20 +300,16 @@ def park_call(
         kept = templates.get(kept_key)
         if kept is not None:
             return park_from(
-                depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result, eta_text, gate, sending
+                depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result, eta_text, gate, sending, retry
             )
         learn = kept_key if templates.wanted(kept_key) else None
         given = (args, kwargs) if learn is not None else None
         with parking_producer(
             depot, templates, call_id, due, limits, mode, key, capture, learn, given, eta_text, gate, caller, sending
         ) as parking:
-            try:
-                built = build(call_id, parking, dict(options))
-            except OperationalError as exc:
-                # Celery's send_task wraps connection errors in kombu's; the caller should see ours.
-                if isinstance(exc.__cause__, StoreUnavailableError):
-                    raise exc.__cause__ from exc.__cause__.__cause__
-                raise
+            # A store that is down raises StoreUnavailableError, a kombu OperationalError: Celery's send_task lets
+            # it through as it is (it wraps only the connection errors that are not one).
+            built = build(call_id, parking, dict(options))
             if isinstance(built, AsyncResult):
                 made[call_id] = built
             return parking.outcome
@@ -240,7 +318,8 @@ def park_call(
     # limits lives beside them (store/limits.py): its gate's state is on one shard.
     shards = depot.shards
     beside = key or lock_name or (gate.home if gate is not None else None)
-    store = shards.for_name(beside) if beside is not None else None
+    # The first store of the process records the shards (a write): tried so too.
+    store = retrying(retry, lambda: shards.for_name(beside)) if beside is not None else None
 
     def fresh() -> str:
         return shards.new_id(store)
@@ -251,13 +330,13 @@ def park_call(
             "stored on its key's shard, so celery-redisdelay chooses its id; nothing was stored"
         )
     if mode == "unique":
-        holder = shards.for_name(key).holder(key)
+        holder = retrying(retry, lambda: shards.for_name(key).holder(key))
         if holder is None:
             holder = send(task_id or fresh())[1]
         return _result(task, holder, ignore_result, made, result_cls)
     if mode == "debounce":
         # The replacing call takes the id of the call it replaces, so its message is built with it.
-        candidate = shards.for_name(key).holder(key) or task_id or fresh()
+        candidate = retrying(retry, lambda: shards.for_name(key).holder(key)) or task_id or fresh()
         for _ in range(DEBOUNCE_ATTEMPTS):
             status, holder = send(candidate)
             if status != CONFLICT:
