@@ -373,7 +373,11 @@ def test_the_exporter_and_status_say_what_each_limit_holds(rd: RedisDelay, clien
 
 @pytest.mark.parametrize(
     ("conf", "rate", "warned"),
-    [({}, "5/s", True), ({"redisdelay_precise_release": True}, "5/s", False), ({}, "30/m", False)],
+    [
+        ({"redisdelay_precise_release": False}, "5/s", True),
+        ({}, "5/s", False),  # every worker releases by default
+        ({"redisdelay_precise_release": False}, "30/m", False),
+    ],
 )
 def test_a_rate_the_tick_releaser_cannot_keep_is_reported_at_start_up(
     make_app: Any, conf: dict[str, Any], rate: str, warned: bool
@@ -385,7 +389,7 @@ def test_a_rate_the_tick_releaser_cannot_keep_is_reported_at_start_up(
 
     found = [problem for problem in extension.check_config() if "limits.fast" in problem]
     assert bool(found) == warned, found
-    assert all("redisdelay_precise_release = True" in problem for problem in found)
+    assert all("redisdelay_precise_release is False" in problem for problem in found)
 
 
 def in_flight_under(rd: RedisDelay, client: Any) -> dict[str, int]:

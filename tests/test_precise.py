@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import redis
 from celery import Celery
 
@@ -111,8 +112,11 @@ class Worker:
         self.app = app
 
 
-def test_the_worker_bootstep_runs_a_releaser_when_the_setting_asks(make_app: MakeApp, client: redis.Redis) -> None:
-    app, rd = make_app(redisdelay_precise_release=True)
+@pytest.mark.parametrize("setting", [None, True], ids=["by-default", "asked"])
+def test_the_worker_bootstep_runs_a_releaser_unless_the_setting_is_false(
+    make_app: MakeApp, client: redis.Redis, setting: bool | None
+) -> None:
+    app, rd = make_app(redisdelay_precise_release=setting)
     ping = task_on(rd)
     worker = Worker(app)
     step = PreciseReleaseStep(worker)
@@ -125,10 +129,10 @@ def test_the_worker_bootstep_runs_a_releaser_when_the_setting_asks(make_app: Mak
         step.stop(worker)
     assert not step.thread.is_alive()
 
-    off_app, _ = make_app()
+    off_app, _ = make_app(redisdelay_precise_release=False)
     idle = PreciseReleaseStep(Worker(off_app))
     idle.start(Worker(off_app))
-    assert idle.thread is None, "off by default"
+    assert idle.thread is None, "off when the setting is False"
 
 
 def test_the_release_script_says_when_to_look_again(rd: RedisDelay, client: redis.Redis) -> None:

@@ -55,6 +55,7 @@ SETTINGS = {
     "lease", "lease_renewal", "skip_unacked",
     # added since: every call tracked
     "track_due_now",
+    "worker_lost",  # 0.6.0: each task's contract when its worker dies mid-run
 }  # fmt: skip
 COMMANDS = {
     "cancel", "exporter", "list", "purge", "releaser", "requeue", "reschedule", "run-now", "show", "status",

@@ -179,6 +179,7 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_lease_renewal",
         "redisdelay_skip_unacked",
         "redisdelay_track_due_now",
+        "redisdelay_worker_lost",
         "redisdelay_quotas",
         "redisdelay_task_limits",
     }

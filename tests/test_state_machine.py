@@ -86,6 +86,7 @@ class Call:
     items: tuple[int, ...] = ()  # a batch call's items
     why: bool = False
     x: bool = False  # meta "x": the hard end of a run under the task's own timeout (its value is the clock's)
+    started: bool = False  # meta "st": when its last run started (the clock's), until it is requeued or parked again
 
     @property
     def live(self) -> bool:
@@ -503,7 +504,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.start(call_id, default_r) == status
         if call is not None and status:
             call.state, call.s, call.soon = "inflight", "running", self.timeout_of(call, "r", default_r) == SOON
-            call.x = "o" in call.meta_base
+            call.x, call.started = "o" in call.meta_base, True
 
     @precondition(lambda self: self.any_call(is_inflight))
     @rule(data=st.data(), timeout=st.sampled_from([SOON, FAR]))
@@ -563,6 +564,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert self.store.requeue(call_id) == (0 if call is None else 1)
         if call is not None:
             call.state, call.s, call.d, call.why, call.soon = "delayed", "delayed", 0, False, True
+            call.started = False
             self.may_decrease.add(call_id)
 
     # -- batches ---------------------------------------------------------------------------------
@@ -812,6 +814,8 @@ class StoreMachine(RuleBasedStateMachine):
             meta.pop("why", None)
             assert ("x" in meta) is call.x, (call_id, meta)
             meta.pop("x", None)
+            assert ("st" in meta) is call.started, (call_id, meta)
+            meta.pop("st", None)
             assert meta == call.expected_meta(), (call_id, meta, call)
 
         # Due times and deadlines: soon ones have passed, far ones are far.
