@@ -48,7 +48,7 @@ def test_a_pause_holds_across_a_sigkill_of_beat(redis_server: RedisServer) -> No
     fall due, more calls park and fall due while it is down, and it starts again on its schedule file, as after a
     crash. No call of the paused task starts until the resume, the other task's calls run on, and after the resume
     every paused call runs once, as its first delivery: none lost, none twice."""
-    with pool_worker(redis_server, "prefork", concurrency=2) as run:
+    with pool_worker(redis_server, "prefork", concurrency=2, redisdelay_precise_release=False) as run:
         scheduler = beat("tests.pool_proj", env=run.env, cwd=str(ROOT))
         try:
             record, sleep = run.task("pools.record"), run.task("pools.sleep")
