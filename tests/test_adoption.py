@@ -417,8 +417,8 @@ def test_ten_thousand_eta_messages_from_a_producer_without_the_extension(redis_s
     # A service without the extension sends 10,000 calls with countdowns of 10 to 30 s. The worker parks them as
     # they arrive and holds nothing; it is SIGKILLed once half are parked, and a new one takes over. Every call
     # runs once, after its eta, but for a run the kill cut short, a dead letter by the task's contract (it
-    # acknowledges early; tests/test_contract.py): kombu gives back what the killed worker held unacknowledged (after the broker's
-    # visibility timeout, 15 s here), and the store takes each message once.
+    # acknowledges early; tests/test_contract.py): kombu gives back what the killed worker held unacknowledged
+    # (after the broker's visibility timeout, 15 s here), and the store takes each message once.
     count = 10_000
     with pool_worker(
         redis_server,
