@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from celery_redisdelay.testing import wait_for
+
 from ..app import build
 from ..common import E2E_PLAIN_QUEUE, E2E_QUEUE, ENV_PREFETCH, ENV_URL, IO_KEY
 from ..context import Context
@@ -38,10 +40,20 @@ class Workload:
     task: str  # the attribute of the task on our bench app and on bench.plain_app
     peer_task: str  # the attribute of the same task on bench.peer_app
     what: str  # for the details
+    writes: bool = False  # each call increments IO_KEY: checked after each side's calls, outside the timing
 
 
 NOOP = Workload("e2e_due_now", "plain_noop", "noop_task", "no-op")
-IO = Workload("e2e_due_now_io", "plain_incr", "incr_task", f"one INCR of {IO_KEY} on the bench's Redis")
+IO = Workload("e2e_due_now_io", "plain_incr", "incr_task", f"one INCR of {IO_KEY} on the bench's Redis", writes=True)
+
+
+def io_writes(ctx: Context) -> int:
+    return int(ctx.client.get(IO_KEY) or 0)
+
+
+def check_writes(ctx: Context, at_least: int, what: str) -> None:
+    """Wait until every call of a side has written (its last calls may still run when its timing ends)."""
+    wait_for(lambda: io_writes(ctx) >= at_least, 60, what, interval=0.05)
 
 
 def e2e_due_now(ctx: Context) -> dict[str, Any]:
@@ -143,11 +155,16 @@ def one_prefetch(
             )
         )
     seconds = dict.fromkeys(sides, 0.0)
+    ctx.client.unlink(IO_KEY)
+    calls = 0
     try:
         for turn in range(ROUNDS + 1):
             size = n if turn else max(50, n // 10)
-            for side, (app, noop, stamp, queue) in sides.items():
-                took = plain_calls(ctx, app, noop, stamp, size, queue)
+            for side, (app, task, stamp, queue) in sides.items():
+                took = plain_calls(ctx, app, task, stamp, size, queue)
+                calls += size
+                if workload.writes:
+                    check_writes(ctx, calls, f"the {size} writes of {side}'s calls")
                 ctx.say(
                     f"  {workload.figure} prefetch {prefetch} {side} "
                     f"{'round ' + str(turn) if turn else 'warm-up'}: {size / took:,.0f} calls/s"
@@ -159,4 +176,6 @@ def one_prefetch(
             processes.stop(worker)
         ours.app.close()
     details[f"prefetch {prefetch}"] = {f"{side}_seconds": took for side, took in seconds.items()}
+    if workload.writes:
+        details[f"prefetch {prefetch}"].update(calls=calls, writes=io_writes(ctx))
     return {side: ROUNDS * n / took for side, took in seconds.items()}, why_not
