@@ -19,8 +19,8 @@ from celery.utils.functional import maybe_list
 from .extension import RedisDelay
 from .message.marks import received_from_store
 from .release.precise import PreciseReleasers
-from .worker.accepting import StartOnAccept
 from .worker.broker_loss import guard as guard_broker_loss
+from .worker.contract import check_tasks
 from .worker.leases import TURN_SECONDS, Leases, delivery_tag, running_ids
 from .worker.pausing import PausedCalls
 from .worker.received import ReceivedParking
@@ -210,18 +210,17 @@ class StaleDeliveryStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
         PausedCalls(depot, rd.rules_of, owns, name_worker(worker)).install(worker.app.tasks)
 
 
-class StartOnAcceptStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
-    """The start of a run whose task dead-letters runs cut short with their worker is recorded when the pool
-    accepts it, before Celery acknowledges its message (:mod:`celery_redisdelay.worker.accepting`). Set up before
-    the worker's consumer makes its message handlers; a bad ``redisdelay_worker_lost`` on a task stops the worker
-    here, naming it."""
+class ContractStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
+    """A task's bad ``redisdelay_worker_lost`` (:mod:`celery_redisdelay.worker.contract`) stops the worker at start,
+    naming the task and the allowed values."""
 
-    label = "redisdelay starts at accept"
+    label = "redisdelay contracts"
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         depot = RedisDelay.of(worker.app).depot
-        StartOnAccept(depot, functools.partial(parks_calls_of, depot), name_worker(worker)).install(worker.app.tasks)
+        owns = functools.partial(parks_calls_of, depot)
+        check_tasks([task for task in list(worker.app.tasks.values()) if owns(task)], depot.settings.worker_lost)
 
 
 class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped

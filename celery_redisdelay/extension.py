@@ -147,7 +147,7 @@ class RedisDelay:
         app.steps["worker"].add("celery_redisdelay.bootsteps:DurableRevokeStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:ParkReceivedStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:StaleDeliveryStep")
-        app.steps["worker"].add("celery_redisdelay.bootsteps:StartOnAcceptStep")
+        app.steps["worker"].add("celery_redisdelay.bootsteps:ContractStep")
         app.steps["consumer"].add("celery_redisdelay.bootsteps:SkipUnackedStep")
         app.steps["consumer"].add("celery_redisdelay.bootsteps:LoopTurnStep")
         if app.configured:

@@ -21,8 +21,7 @@ from celery_redisdelay.errors import ConfigurationError
 from celery_redisdelay.settings import DEAD_LETTER, RUN_AGAIN
 from celery_redisdelay.store.scripts import source
 from celery_redisdelay.testing import RedisServer, wait_for
-from celery_redisdelay.worker.accepting import StartOnAccept
-from celery_redisdelay.worker.contract import worker_lost
+from celery_redisdelay.worker.contract import check_tasks, worker_lost
 from tests.pool_run import PoolRun, pool_worker
 from tests.test_lease_workers import held
 from tests.test_store import ENVELOPE, LONG_MS, SHORT_MS, claim_one, entry, redis_ms, sweep_until
@@ -97,9 +96,8 @@ def test_a_run_cut_short_with_its_worker_keeps_its_tasks_contract(
             assert "requeue it" in why
             assert int(run.rd.client.hget(run.rd.keys.counters, "worker_lost") or 0) == 1
             assert run.starts_by_worker(key)[long] == ["first"], "it does not run again by itself"
-            if pool == "threads":  # the accept comes before the run in the run's own thread: nothing races it
-                [start] = [n for n in run.notes(key) if n["id"] == long and n["at"] == "start"]
-                assert (start["phase"], start["once"]) == ("running", 1), "the start was written at the accept"
+            [start] = [n for n in run.notes(key) if n["id"] == long and n["at"] == "start"]
+            assert (start["phase"], start["once"]) == ("running", 1), "the start was written before the body ran"
             assert run.rd.requeue(long), "a person requeues it"
             wait_for(lambda: long in on_second(), 60, "the requeued call to run")
             assert run.starts_by_worker(key)[long] == ["first", "second"]
@@ -228,6 +226,5 @@ def test_a_tasks_unknown_choice_stops_the_worker_naming_the_task(make_app: MakeA
     @app.task(name="contract.misspelt", shared=False, redisdelay_worker_lost="never")
     def misspelt() -> None: ...
 
-    accept = StartOnAccept(rd.depot, lambda task: True, "w1@host")
     with pytest.raises(ConfigurationError, match=r"redisdelay_worker_lost of the task 'contract\.misspelt' must be"):
-        accept.install(app.tasks)
+        check_tasks([misspelt], rd.settings.worker_lost)

@@ -17,20 +17,29 @@ celery-redisdelay keeps each task's choice, and loses nothing either way:
 Either can be chosen for one task (``@app.task(redisdelay_worker_lost="run_again")``) or for the whole app (the
 setting ``redisdelay_worker_lost``); the task's own choice wins.
 
-For a :data:`DEAD_LETTER` task the worker's main process records the start when the pool accepts the run, before
-Celery acknowledges the message (:mod:`celery_redisdelay.worker.accepting`): the window in which a started run
-still counts as not started is the one plain Celery has between the accept and its acknowledgement.
+For a :data:`DEAD_LETTER` task the process that runs the call writes the start before the task's body runs, in one
+round trip of its own (``task_prerun``, :func:`celery_redisdelay.worker.tracking.connect`): a run that has done any
+work is never taken for one that has not started. (Plain Celery acknowledges the message once the pool process has
+told the worker's main process it started the run, a moment after the body began.)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ..settings import DEAD_LETTER, RUN_AGAIN, worker_lost_choice
 
 #: The task option, named as the setting.
 OPTION = "redisdelay_worker_lost"
-__all__ = ["DEAD_LETTER", "OPTION", "RUN_AGAIN", "worker_lost"]
+__all__ = ["DEAD_LETTER", "OPTION", "RUN_AGAIN", "check_tasks", "worker_lost"]
+
+
+def check_tasks(tasks: Iterable[Any], setting: str | None) -> None:
+    """Refuse a task's bad ``redisdelay_worker_lost`` (:class:`~celery_redisdelay.errors.ConfigurationError` naming the
+    task and the allowed values): a worker does not start with one."""
+    for task in tasks:
+        worker_lost(task, setting)
 
 
 def worker_lost(task: Any, setting: str | None) -> str:

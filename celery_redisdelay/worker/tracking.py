@@ -71,11 +71,12 @@ def connect(depot: Depot) -> None:
         drop_mark(request)
         tracked.add(task_id)
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
-        # for this worker too, should it come first, under the name the leases use. A run that must not run
-        # again had its start written at the pool's accept already (worker/accepting.py); written again here, it
-        # costs nothing when the run ends within the outbox's window, and stands should the accept's be missing.
-        once = worker_lost(sender, depot.settings.worker_lost) == DEAD_LETTER
-        outbox.start(task_id, depot.worker_name or getattr(request, "hostname", None) or "", once=once)
+        # for this worker too, should it come first, under the name the leases use.
+        worker = depot.worker_name or getattr(request, "hostname", None) or ""
+        if worker_lost(sender, depot.settings.worker_lost) == DEAD_LETTER:
+            start_now(depot, task_id, worker)  # before the body runs: a run that did any work counts as started
+        else:
+            outbox.start(task_id, worker)
 
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
@@ -123,6 +124,20 @@ def connect(depot: Depot) -> None:
     signals.task_unknown.connect(on_unknown, weak=False)
     signals.worker_process_shutdown.connect(on_exit, weak=False)
     signals.worker_shutdown.connect(on_exit, weak=False)
+
+
+def start_now(depot: Depot, call_id: str, worker: str) -> None:
+    """Write the start of a run that is not run again if cut short with its worker (worker/contract.py), in this
+    thread, before the task's body runs; should the store not answer, the process's outbox writes it when it does
+    (a worker that dies meanwhile has the call run again)."""
+    settings = depot.settings
+    run_ms, lease_ms = round(settings.visibility_timeout * 1000), round(settings.lease * 1000)
+    entry = [("start-once", call_id)]
+    try:
+        depot.shards.first(call_id, lambda store: not store.track(entry, run_ms, lease_ms, worker))
+    except RedisDelayError as exc:
+        logger.warning("redisdelay: could not write the start of call %s now, the outbox will: %s", call_id, exc)
+        depot.outbox.start(call_id, worker, once=True)
 
 
 def parks_calls_of(depot: Depot, task: Any) -> bool:
