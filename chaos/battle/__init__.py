@@ -26,14 +26,14 @@ early, unless ``--acks-late``) cut short by a SIGKILL of its worker is not run a
 call a dead letter whose reason starts ``worker lost:``. Batch items and locked calls (``@rd.delayed``) run again.
 
 Then it drains (until every call ran, or is such a dead letter, and nothing is parked, in flight or queued; or
-nothing has been left for 15 s), reads the store's dead letters and purges the ``worker lost`` ones, lists the
-keys left, and reports (``chaos/battle/analysis.py``): sent, ran exactly once, lost (parked calls, and calls due
-now on Celery's own path; apart, the runs cut short by a kill and never run again), **dead-lettered by
-contract** (a run the ledger saw start, on a worker killed after, never end nor run again, or one the kill cut
-between the pool's accept and its first write to the ledger, whose call is a ``worker lost`` dead letter: not
-lost, not a duplicate; each with its call id in the JSON), the ``worker lost`` dead letters the ledger does not
-bear out (*wrong*) and those of runs that ended (their acknowledgement lost with a fault), duplicates each tied
-to the fault that explains it, early runs, lateness p50/p99/max, the recovery of every fault, Redis's memory
+nothing has been left for 15 s), reads the store's dead letters and purges the ``worker lost`` ones, lists the keys
+left, and reports (``chaos/battle/analysis.py``): sent, ran exactly once, lost (parked calls, and calls due now on
+Celery's own path; apart, the runs cut short by a kill and never run again), **dead-lettered by contract** (a run
+the ledger saw start, on a worker killed after, never end nor run again, or one the kill cut between the start the
+store records, before the task's body, and its first write to the ledger, whose call is a ``worker lost`` dead
+letter: not lost, not a duplicate; each with its call id in the JSON), the ``worker lost`` dead letters the ledger
+does not bear out (*wrong*) and those of runs that ended (their acknowledgement lost with a fault), duplicates each
+tied to the fault that explains it, early runs, lateness p50/p99/max, the recovery of every fault, Redis's memory
 and the workers' RSS over time, the keys left; per worker SIGKILL, lost, dead-lettered, duplicated and late.
 ``--plain`` runs the same seed and fault schedule with plain Celery (batch items and locked calls become plain
 calls, cancels ``revoke``; no beat or releaser to kill), which loses the runs the extension dead-letters: its

@@ -54,7 +54,8 @@ WORKER_LOST = "worker lost:"
 #: The kinds whose task runs a call again when its run is cut short (``@rd.batched``, ``@rd.delayed``): never
 #: dead-lettered for it. The others are plain ``@app.task`` tasks, which acknowledge early unless ``acks_late``.
 RUN_AGAIN_KINDS = ("batch", "lock")
-#: The store records a run's start when the pool accepts it, a moment before the run's first write to the ledger:
+#: The store records a run's start in task_prerun, before the task's body, a moment before the run's first write to
+#: the ledger:
 #: a kill of its worker this soon after the store's start may leave a dead letter of a run the ledger never saw.
 ACCEPT_SECONDS = 1.0
 #: A run's acknowledgement reaches the store this soon after its end (the outbox's window and a round trip, or its
@@ -294,8 +295,8 @@ class Outcome:
 
     def _judge_unstarted(self, unit: str, worker: str | None, started: float | None) -> tuple[str, bool, str]:
         """A dead letter of a unit the ledger never saw start: by contract only if a worker that had received it
-        was killed at most :data:`ACCEPT_SECONDS` after the store recorded its start there (at the pool's accept,
-        before the run's first write to the ledger)."""
+        was killed at most :data:`ACCEPT_SECONDS` after the store recorded its start there (in task_prerun, before
+        the run's first write to the ledger)."""
         for row in reversed(self.received.get(unit, [])):
             name = worker_name(row["w"])
             fault = self._worker_fault_after(name, row["t"])

@@ -141,9 +141,9 @@ def _by_contract(outcome: dict[str, Any]) -> str:
         return "-"
     return (
         f"{letters['by_contract']:,} ({letters['per_worker_sigkill']} per worker SIGKILL): cut short in their run "
-        f"{letters['cut']}, at the pool's accept {letters['accepted']}; 'worker lost' dead letters of runs that "
-        f"ended {letters['ended']} ({letters['ended_unexplained']} unexplained), wrong {letters['wrong']}; other "
-        f"dead letters {letters['other']}"
+        f"{letters['cut']}, started before the ledger saw it {letters['accepted']}; 'worker lost' dead letters of "
+        f"runs that ended {letters['ended']} ({letters['ended_unexplained']} unexplained), wrong {letters['wrong']}; "
+        f"other dead letters {letters['other']}"
     )
 
 
