@@ -121,8 +121,9 @@ class LoopTurnStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is 
 
 class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
     """Runs a precise releaser (:mod:`celery_redisdelay.release.precise`) in a thread of each worker, unless
-    ``redisdelay_precise_release`` is False: it releases calls as they fall due and sweeps those whose lease ran out,
-    so that an app keeps its calls' contract with no beat running."""
+    ``redisdelay_precise_release`` is False: it releases calls as they fall due (at a tick's pace by default, as each
+    falls due with True) and sweeps those whose lease ran out, so that an app keeps its calls' contract with no beat
+    running."""
 
     label = "redisdelay releaser"
 
@@ -135,7 +136,10 @@ class PreciseReleaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Cele
         rd = RedisDelay.of(worker.app)
         if not rd.settings.workers_release:
             return
-        self.releaser = PreciseReleasers(rd.releasers)
+        precise = rd.settings.precise_release is True  # None: a tick's pace, see release/precise.py
+        self.releaser = PreciseReleasers(
+            rd.releasers, longest_sleep=1.0 if precise else rd.settings.tick_interval, chase=precise
+        )
         self.thread = threading.Thread(target=self.releaser.run, name="redisdelay-releaser", daemon=True)
         self.thread.start()
 

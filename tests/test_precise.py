@@ -165,3 +165,30 @@ def test_a_precise_releaser_flushes_a_batch_group_when_its_wait_is_over(make_app
         wait_for(lambda: published(client, rd), 3, "the batch to be released")
     [call_id] = published(client, rd)
     assert rd.find(call_id).state == "inflight"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("chase", "sleeps"), [(True, "until the next call is due"), (False, "a tick")])
+def test_a_workers_releaser_sleeps_a_tick_and_a_precise_one_until_the_next_call(
+    rd: RedisDelay, chase: bool, sleeps: str
+) -> None:
+    """By default each worker releases at a tick's pace: it wakes for a marker or each tick, not for every call that
+    falls due, which would wake the releaser of every worker for each one (redisdelay_precise_release True chases)."""
+    ping = task_on(rd)
+    ping.apply_async((1,), countdown=5)
+    releaser = PreciseReleaser(rd.releasers, longest_sleep=30.0, chase=chase)
+    releaser.release_due()
+    wait = releaser.seconds_to_next()
+    assert (wait < 6) is chase, f"it sleeps {sleeps}: {wait:.1f} s"
+    assert releaser.seconds_to_next() == wait, "from what the release script said, without asking Redis again"
+
+
+def test_the_worker_step_releases_at_a_ticks_pace_unless_the_setting_is_true(make_app: MakeApp) -> None:
+    for setting, chase, sleep in [(None, False, 2.0), (True, True, 1.0)]:
+        app, _ = make_app(redisdelay_precise_release=setting, redisdelay_tick_interval=2.0)
+        step = PreciseReleaseStep(Worker(app))
+        step.start(Worker(app))
+        try:
+            assert step.releaser is not None
+            assert [(r.chase, r.longest_sleep) for r in step.releaser.releasers] == [(chase, sleep)]
+        finally:
+            step.stop(Worker(app))

@@ -7,9 +7,12 @@ blocking wait instead of empty polling); so a new earlier call wakes it at once.
 connection), and any number of releasers may run beside each other and beside the beat tick, which
 stays as the backstop: every release is one atomic script.
 
-Run it as ``celery -A proj redisdelay releaser``, or inside each worker with
-``redisdelay_precise_release = True``. With ``redisdelay_shards``, one releaser thread watches each
-shard (a blocking wait covers one key, and on a cluster one node).
+Run it as ``celery -A proj redisdelay releaser``, or inside each worker with ``redisdelay_precise_release =
+True``. By default (the setting None) each worker runs one at a tick's pace instead (``chase`` False): it
+wakes for a marker (a call parked earlier than every other, one releaser per marker) or every
+``redisdelay_tick_interval``, releases what is due and sweeps, and does not sleep until the next due time,
+which would wake every worker's releaser for every call that falls due. With ``redisdelay_shards``, one
+releaser thread watches each shard (a blocking wait covers one key, and on a cluster one node).
 """
 
 from __future__ import annotations
@@ -55,8 +58,13 @@ class PreciseReleaser:
         store: CallStore | None = None,
         stopping: threading.Event | None = None,
         round_spacing: float = ROUND_SPACING_SECONDS,
+        chase: bool = True,
     ) -> None:
         depot = releasers.depot
+        #: Whether it sleeps until the next call is due (a precise releaser), or only until a marker or
+        #: ``longest_sleep`` (a tick's pace: what each worker runs by default, so that several do not all wake
+        #: for every call that falls due).
+        self.chase = chase
         self.depot, self.releasers = depot, releasers
         self.store = store or depot.store
         self.keys = self.store.keys
@@ -97,7 +105,7 @@ class PreciseReleaser:
         if last is not None:
             if last.batch_due:
                 return 0.0
-            if last.next_due_ms is None:
+            if last.next_due_ms is None or not self.chase:
                 return self.longest_sleep
             return min(max((last.next_due_ms - last.now_ms) / 1000, 0.0), self.longest_sleep)
         if is_cluster(self.client):  # a cluster pipeline refuses TIME
@@ -109,7 +117,7 @@ class PreciseReleaser:
             pipe.time()
             first, (seconds, micros) = pipe.execute()
             now_ms = int(seconds) * 1000 + int(micros) // 1000
-        if not first:
+        if not first or not self.chase:
             return self.longest_sleep
         due_ms = float(first[0][1])
         return min(max((due_ms - now_ms) / 1000, 0.0), self.longest_sleep)
@@ -161,10 +169,16 @@ class PreciseReleasers:
     """One :class:`PreciseReleaser` per configured shard (or per shard of ``shards``, their indexes), each in
     its own thread; :meth:`run` blocks. Releasers that own a shard each do not compete for any."""
 
-    def __init__(self, releasers: Releasers, longest_sleep: float = 1.0, shards: Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        releasers: Releasers,
+        longest_sleep: float = 1.0,
+        shards: Sequence[int] | None = None,
+        chase: bool = True,
+    ) -> None:
         self.stopping = threading.Event()
         self.releasers = [
-            PreciseReleaser(releasers, longest_sleep, store=store, stopping=self.stopping)
+            PreciseReleaser(releasers, longest_sleep, store=store, stopping=self.stopping, chase=chase)
             for store in releasers.depot.shards.pick(shards)
         ]
         self.longest_sleep = longest_sleep
