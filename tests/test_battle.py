@@ -170,13 +170,17 @@ def cut_short_battle(plain: bool) -> tuple[dict[str, Any], Rows, Rows, Rows, Row
         "3.0": send(NOW, T0 + 2, T0 + 2, path, id="c3"),  # ran once, on a worker no fault hit
         "4.0": send(NOW, T0 + 11.9, T0 + 11.9, path, id="c4"),  # accepted, then killed before its first write
         "5.0": send(NOW, T0 + 29.0, T0 + 29.0, path, id="c5"),  # ended 0.2 s before its worker's kill
+        "6.0": send(NOW, T0 + 11.9, T0 + 11.9, path, id="c6"),  # started by a pool process just after the kill
     }
     runs = [run("3.0", T0 + 2.1, T0 + 2.2, "worker2-3"), run("5.0", T0 + 29.7, T0 + 29.8, "worker1-2")]
     starts = [start for start, _ in runs] + [
         {"u": "1.0", "t": T0 + 11.0, "w": "worker0-1@h", "p": 1},
         {"u": "2.0", "t": T0 + 29.5, "w": "worker1-2@h", "p": 1},
     ]
-    received: Rows = [{"u": "4.0", "t": T0 + 11.95, "w": "worker0-1@h"}]
+    received: Rows = [
+        {"u": "4.0", "t": T0 + 11.95, "w": "worker0-1@h"},
+        {"u": "6.0", "t": T0 + 11.95, "w": "worker0-1@h"},
+    ]
     faults = [fault(WORKER_KILL, T0 + 12, "worker0-1 pid 10"), fault(WORKER_KILL, T0 + 30, "worker1-2 pid 11")]
     return sends, starts, [end for _, end in runs], received, faults
 
@@ -185,7 +189,8 @@ def test_a_run_cut_short_and_dead_lettered_is_by_contract_not_lost() -> None:
     sends, starts, ends, received, faults = cut_short_battle(plain=False)
     letters = [
         worker_lost("c1", "worker0-1", T0 + 10.999),
-        worker_lost("c4", "worker0-1", T0 + 11.96),  # the store's start at the accept, 40 ms before the kill
+        worker_lost("c4", "worker0-1", T0 + 11.96),  # the store's start, 40 ms before the kill
+        worker_lost("c6", "worker0-1", T0 + 12.01),  # a pool process outlived its main process by 10 ms
         worker_lost("c5", "worker1-2", T0 + 29.699),  # its run ended; the kill took its acknowledgement
         {"id": "c9", "why": "not acknowledged after 5 deliveries (last seen queued)", "at": T0 + 90},
     ]
@@ -195,23 +200,28 @@ def test_a_run_cut_short_and_dead_lettered_is_by_contract_not_lost() -> None:
     letter_rows = {row["unit"]: row for row in data["dead_letters"]["rows"]}
     assert letter_rows["1.0"]["category"] == "cut" and letter_rows["1.0"]["id"] == "c1"
     assert letter_rows["1.0"]["worker"] == "worker0-1" and "worker_kill at 12.0s" in letter_rows["1.0"]["why"]
-    assert letter_rows["4.0"]["category"] == "accepted" and "0.040s before its worker_kill" in letter_rows["4.0"]["why"]
+    assert (
+        letter_rows["4.0"]["category"] == "accepted" and "+0.040s before its worker_kill" in letter_rows["4.0"]["why"]
+    )
     assert letter_rows["5.0"]["category"] == "ended" and letter_rows["5.0"]["explained"]
     figures = data["dead_letters"]
-    assert figures["by_contract"] == 2 and figures["cut"] == 1 and figures["accepted"] == 1
+    assert (
+        letter_rows["6.0"]["category"] == "accepted" and "-0.010s before its worker_kill" in letter_rows["6.0"]["why"]
+    )
+    assert figures["by_contract"] == 3 and figures["cut"] == 1 and figures["accepted"] == 2
     assert figures["ended"] == 1 and figures["ended_unexplained"] == 0 and figures["wrong"] == 0
-    assert figures["other"] == 1 and figures["per_worker_sigkill"] == 1.0
-    assert data["per_worker_sigkill"]["dead_lettered"] == 1.0
+    assert figures["other"] == 1 and figures["per_worker_sigkill"] == 1.5
+    assert data["per_worker_sigkill"]["dead_lettered"] == 1.5
     # Dead-lettered by contract: neither lost nor a duplicate. 2.0 has no dead letter: its run is lost, cut short.
     assert [row["unit"] for row in data["lost"]["rows"]] == ["2.0"]
     assert data["lost"]["rows"][0]["category"] == "cut" and data["lost"]["cut_short"] == 1
     assert data["lost"]["tracked_beyond_bound"] == 1 and data["duplicates"]["total"] == 0
     assert data["exactly_once"] == 2  # 3.0, and 5.0 whose dead letter came after its run ended
-    assert [row["dead_lettered"] for row in data["recovery"]] == [2, 0]
+    assert [row["dead_lettered"] for row in data["recovery"]] == [3, 0]
     ok, problems = verdict(report_data(False, data, []))
     assert not ok and problems == ["1 tracked calls due now lost (beyond Redis's own bound)"]
     text = table({**report_data(False, data, []), "ok": ok, "problems": problems})
-    counted = r"dead-lettered by contract +2 \(1\.0 per worker SIGKILL\): cut short in their run 1, started before"
+    counted = r"dead-lettered by contract +3 \(1\.5 per worker SIGKILL\): cut short in their run 1, started before"
     assert re.search(counted, text)
     assert re.search(r"cut short, lost +1 runs started", text) and "c1        1.0 sleep     cut" in text
 
@@ -256,8 +266,8 @@ def test_plain_celery_loses_the_runs_cut_short_the_extension_dead_letters() -> N
     data = Outcome(sends, starts, ends, {}, faults, received).as_dict()
 
     lost = {row["unit"]: row["category"] for row in data["lost"]["rows"]}
-    assert lost == {"1.0": "cut", "2.0": "cut", "4.0": "held"} and data["lost"]["cut_short"] == 2
-    assert data["lost"]["celery_now"] == 3 and data["dead_letters"]["by_contract"] == 0
+    assert lost == {"1.0": "cut", "2.0": "cut", "4.0": "held", "6.0": "held"} and data["lost"]["cut_short"] == 2
+    assert data["lost"]["celery_now"] == 4 and data["dead_letters"]["by_contract"] == 0
     text = table({**report_data(True, data, []), "ok": True, "problems": []})
     assert re.search(r"cut short, lost +2 runs started, their worker killed, never run again", text)
     assert re.search(r"dead-lettered by contract +- \(plain Celery has none", text)

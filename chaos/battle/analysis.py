@@ -58,6 +58,10 @@ RUN_AGAIN_KINDS = ("batch", "lock")
 #: the ledger:
 #: a kill of its worker this soon after the store's start may leave a dead letter of a run the ledger never saw.
 ACCEPT_SECONDS = 1.0
+#: A pool process outlives its worker's main process by a moment after a SIGKILL of the main process (the runner
+#: kills the main process; its pool processes see it gone and end): a run it started then has its start in the store
+#: up to this long after the kill, and its call is a dead letter by contract as well.
+ORPHAN_SECONDS = 0.5
 #: A run's acknowledgement reaches the store this soon after its end (the outbox's window and a round trip, or its
 #: retries while Redis is away): a fault within it may leave a run that ended dead-lettered all the same.
 ACK_SECONDS = 2.0
@@ -296,22 +300,26 @@ class Outcome:
     def _judge_unstarted(self, unit: str, worker: str | None, started: float | None) -> tuple[str, bool, str]:
         """A dead letter of a unit the ledger never saw start: by contract only if a worker that had received it
         was killed at most :data:`ACCEPT_SECONDS` after the store recorded its start there (in task_prerun, before
-        the run's first write to the ledger)."""
+        the run's first write to the ledger), or at most :data:`ORPHAN_SECONDS` before it (a pool process that
+        outlived the main process)."""
         for row in reversed(self.received.get(unit, [])):
             name = worker_name(row["w"])
             fault = self._worker_fault_after(name, row["t"])
             if fault is None or worker not in (None, name):
                 continue
-            if started is not None and row["t"] - 0.01 <= started <= fault["wall"] <= started + ACCEPT_SECONDS:
+            window = started is not None and row["t"] - 0.01 <= started <= fault["wall"] + ORPHAN_SECONDS
+            if window and started is not None and fault["wall"] <= started + ACCEPT_SECONDS:
                 why = (
-                    f"received by {name}; its run, accepted {fault['wall'] - started:.3f}s before its {fault['kind']} "
-                    f"at {fault['elapsed']}s, was cut short before its first write to the ledger"
+                    f"received by {name}; its run, started {fault['wall'] - started:+.3f}s before its "
+                    f"{fault['kind']} at {fault['elapsed']}s (a negative time: by a pool process that outlived the "
+                    "worker's main process), was cut short before its first write to the ledger"
                 )
                 return "accepted", True, why
             when = "no time" if started is None else f"{started - fault['wall']:+.3f}s from the kill"
             why = (
                 f"never started in the ledger; received by {name} before its {fault['kind']} at {fault['elapsed']}s, "
-                f"but the store's start ({when}) is not within {ACCEPT_SECONDS:g}s before it"
+                f"but the store's start ({when}) is not within {ACCEPT_SECONDS:g}s before it or "
+                f"{ORPHAN_SECONDS:g}s after it"
             )
             return "wrong", False, why
         return "wrong", False, "never started in the ledger, and no worker that had received it was killed after"
