@@ -398,3 +398,29 @@ def test_malformed_batch_is_dead_lettered_and_the_tick_goes_on(
     assert "malformed celery-redisdelay batch" in why or why.startswith("cannot publish: "), why
     assert dead.envelope == garbage, "the bytes are kept for inspection"
     assert rd.tick() == report()
+
+
+def test_a_producer_broken_by_a_lost_connection_does_not_dead_letter_the_batch(
+    rd: RedisDelay, client: redis.Redis, queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a worker that releases, the consumer's reconnection can leave the pooled producer's kombu channel broken: its
+    publish raises ``AttributeError("'NoneType' object has no attribute 'client'")`` from inside kombu (the 28-minute
+    battle of 0.6.0 lost a batch of 11 items so). The call is published again on a connection of its own, not
+    dead-lettered; an error the call itself causes still dead-letters it."""
+    task = batched(rd, size=1, max_wait=240)
+    releaser = rd.releaser
+    pooled = releaser.send_task
+    broken: list[Any] = []
+
+    def send_task(*args: Any, producer: Any = None, **kwargs: Any) -> Any:
+        if not broken:  # the pooled producer, the first time
+            broken.append(producer)
+            raise AttributeError("'NoneType' object has no attribute 'client'")
+        return pooled(*args, producer=producer, **kwargs)
+
+    monkeypatch.setattr(releaser, "send_task", send_task)
+    good = task.add("k", "fine")
+    assert good is not None
+    assert rd.tick() == report(released=1)
+    assert released(client, queue) == [(good.id, task.name, ["k", ["fine"]])]
+    assert broken and rd.dead_letters() == []

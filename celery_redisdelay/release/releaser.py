@@ -252,16 +252,7 @@ class Releaser:
             with self.app.producer_or_acquire() as producer:
                 fatal = broker_errors(producer)
                 for call in through_kombu:
-                    try:
-                        publish_call(self.app, self.send_task, producer, call.id, call.envelope, call.deliveries)
-                    except fatal:
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
-                        reason = str(exc) if isinstance(exc, EnvelopeError) else f"cannot publish: {exc!r}"
-                        logger.error("redisdelay: dead-lettering call %s: %s", call.id, reason)
-                        if self.store.bury(call.id, reason, only_inflight=True):
-                            report.dead += 1
-                    else:
+                    if self._publish_or_bury(producer, fatal, call, report):
                         published.append(call.id)
                     handled.add(call.id)
                 if pushable:
@@ -286,6 +277,41 @@ class Releaser:
             if published:
                 self.store.confirm(published, round(self.settings.queue_timeout * 1000))
         return len(published)
+
+    def _publish_or_bury(
+        self, producer: Any, fatal: tuple[type[BaseException], ...], call: Claimed, report: TickReport
+    ) -> bool:
+        """Publish ``call`` through kombu; whether it was. A bad entry is dead-lettered (one bad entry must not stop
+        the others); a broker failure is raised."""
+        try:
+            publish_call(self.app, self.send_task, producer, call.id, call.envelope, call.deliveries)
+            return True
+        except fatal:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the entry's, or the pooled producer's: tried afresh to tell
+            failure = exc if isinstance(exc, EnvelopeError) else self._publish_afresh(call)
+        if failure is None:
+            return True
+        reason = str(failure) if isinstance(failure, EnvelopeError) else f"cannot publish: {failure!r}"
+        logger.error("redisdelay: dead-lettering call %s: %s", call.id, reason)
+        if self.store.bury(call.id, reason, only_inflight=True):
+            report.dead += 1
+        return False
+
+    def _publish_afresh(self, call: Claimed) -> Exception | None:
+        """Publish ``call`` once more on a connection of its own, after an error that may be the pooled producer's, not
+        the call's: a kombu channel left broken by a lost connection (in a worker, whose consumer reconnects meanwhile)
+        raises an ``AttributeError`` from inside kombu. None if it was published; else the error, the call's. A broker
+        failure on the fresh connection is raised, as on the pooled one."""
+        with self.app.connection_for_write() as connection:
+            producer = self.app.amqp.Producer(connection)
+            try:
+                publish_call(self.app, self.send_task, producer, call.id, call.envelope, call.deliveries)
+            except broker_errors(producer):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the call's own error: the caller dead-letters it
+                return exc
+        return None
 
     def _group_limits(self, group: str) -> tuple[int, Limits | CallMeta]:
         """The size and call limits of a group's task; defaults when this app does not know the task
