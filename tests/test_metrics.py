@@ -62,6 +62,7 @@ def test_totals_count_each_change_once(make_app: MakeApp, client: redis.Redis, f
         "released": 10,
         "swept": 0,
         "dead_lettered": 2,
+        "worker_lost": 0,  # no run was cut short with its worker
         "acked": 4,
         "revoked": 1,
         "expired": 1,

@@ -542,11 +542,9 @@ class CallStore:
     def last_release(self) -> tuple[float, float | None]:
         """The server's time and when a releaser last ran here (s since the epoch; None: never)."""
         with redis_errors("read when a releaser last ran"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.time()
-            pipe.hget(self.keys.history, "released_at")
-            (seconds, micros), released_at = pipe.execute()
-        return seconds + micros / 1e6, None if released_at is None else int(released_at) / 1000
+            now_ms = server_ms(self.client, self.keys.history)  # a cluster pipeline refuses TIME
+            released_at = self.client.hget(self.keys.history, "released_at")
+        return now_ms / 1000, None if released_at is None else int(released_at) / 1000
 
     def stats(self) -> dict[str, int]:
         """Counts per state, how many delayed calls are already due (overdue), and batch groups and items.
