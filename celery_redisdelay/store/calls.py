@@ -106,13 +106,13 @@ def text(value: bytes | str) -> str:
 
 
 def paused_member(target: str, due_ms: int, call_id: str) -> bytes:
-    """The member of the paused set of a call set aside on ``target`` (target NUL due NUL id, see prelude.lua)."""
+    """The member of the paused set of a call set aside on ``target`` (target NUL due NUL id, see lib/pauses.lua)."""
     return f"{target}\0{due_ms:015d}\0{call_id}".encode()
 
 
 def pause_note(meta: CallMeta) -> tuple[str, int] | None:
     """Where a call set aside on a pause waits, as its metadata notes it (``pz``, ``pd``: its target and due time,
-    see ``set_aside`` in prelude.lua), or None."""
+    see ``set_aside`` in lib/pauses.lua), or None."""
     fields: dict[str, Any] = dict(meta)
     target, due = fields.get("pz"), fields.get("pd")
     if isinstance(target, str) and isinstance(due, (int, float)) and not isinstance(due, bool):
@@ -122,7 +122,7 @@ def pause_note(meta: CallMeta) -> tuple[str, int] | None:
 
 def gated_entry(member: bytes) -> tuple[str, float]:
     """The id and due time of a call waiting in its gate, from its member of the gated set (gate NUL due NUL
-    id, see prelude.lua); a member not written so is listed as it is, due at 0, rather than hidden."""
+    id, see lib/pauses.lua); a member not written so is listed as it is, due at 0, rather than hidden."""
     parts = member.split(b"\0", 2)
     if len(parts) == 3 and parts[1].isdigit():
         return text(parts[2]), float(parts[1])
@@ -131,7 +131,7 @@ def gated_entry(member: bytes) -> tuple[str, float]:
 
 def paused_entry(member: bytes) -> tuple[str, float, str]:
     """The id, due time and target of a call set aside on a pause, from its member of the paused set (target NUL
-    due NUL id, see prelude.lua); a member not written so is listed as it is, due at 0, rather than hidden."""
+    due NUL id, see lib/pauses.lua); a member not written so is listed as it is, due at 0, rather than hidden."""
     parts = member.split(b"\0", 2)
     if len(parts) == 3 and parts[1].isdigit():
         return text(parts[2]), float(parts[1]), text(parts[0])

@@ -13,6 +13,7 @@
 -- ARGV: 1 token, 2 expiry (ms), 3 id of the call asking ('' outside a task), 4 retry interval (ms)
 -- Returns: {status, the lock's remaining ms}; status 1 taken, 2 taken over from a holder whose run is gone,
 --          0 busy (the call, if any, is deferred, unless it is the holder), -1 busy and the call is not in flight here (nothing changed).
+-- requires: calls, clock, limits, meta, wake
 local LOCK, WAITERS = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset')
 if wrong then
