@@ -19,7 +19,7 @@ from celery import Celery
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.errors import ConfigurationError
 from celery_redisdelay.settings import DEAD_LETTER, RUN_AGAIN
-from celery_redisdelay.store.scripts import source
+from celery_redisdelay.store.scripts import compose
 from celery_redisdelay.testing import RedisServer, wait_for
 from celery_redisdelay.worker.contract import check_tasks, worker_lost
 from tests.pool_run import PoolRun, pool_worker
@@ -177,9 +177,8 @@ def test_an_ack_after_the_dead_letter_takes_it_back(rd: RedisDelay, client: redi
     ids=["epoch", "2000-02-29", "2000-02-29-end", "2024-02-29", "2100-01-01", "9999-12-31"],
 )
 def test_the_scripts_clock_text_is_pythons(rd: RedisDelay, ms: int) -> None:
-    """The UTC text the scripts write (prelude.lua's utc_text) is Python's isoformat of the same instant."""
-    prelude = source("ack").rsplit("\n-- ack.lua", 1)[0]  # the constants and the prelude, without ack.lua
-    script = prelude + "\nreturn utc_text(tonumber(ARGV[1]))"
+    """The UTC text the scripts write (clock.lua's utc_text) is Python's isoformat of the same instant."""
+    script = compose("-- requires: clock\nreturn utc_text(tonumber(ARGV[1]))")
     keys = rd.store.keys.store_keys
     text = rd.client.eval(script, len(keys), *keys, ms).decode()
     instant = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)  # exact, where a float is not

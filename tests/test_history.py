@@ -27,11 +27,12 @@ from celery_redisdelay.operations.history import (
     per_bucket,
     read_history,
 )
-from celery_redisdelay.operations.metrics import LATENESS_BOUNDS_MS, snapshot
+from celery_redisdelay.operations.metrics import snapshot
+from celery_redisdelay.store.layout import LATENESS_BOUNDS_MS
 from celery_redisdelay.web import create_app
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
-#: Fields a minute can hold (prelude.lua's HISTORY_NAMES): what pruning deletes per minute.
+#: Fields a minute can hold (history.lua's HISTORY_NAMES): what pruning deletes per minute.
 NAMES_PER_MINUTE = len(EVENTS) + len(LATENESS_FIELDS)
 
 

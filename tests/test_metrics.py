@@ -17,7 +17,8 @@ import redis
 from celery import Celery, signals
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.operations.metrics import LATENESS_BOUNDS_MS, serve, snapshot
+from celery_redisdelay.operations.metrics import serve, snapshot
+from celery_redisdelay.store.layout import LATENESS_BOUNDS_MS
 from celery_redisdelay.testing import RedisServer, free_port, stop_process, wait_for
 from tests.conftest import ROOT
 

@@ -233,7 +233,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.incarnation[call_id] = self.incarnation.get(call_id, 0) + 1
 
     def store_call(self, call_id: str, call: Call) -> None:
-        """The model of ``store()`` in prelude.lua: replaces whatever the id held."""
+        """The model of ``store()`` in calls.lua: replaces whatever the id held."""
         old = self.live(call_id)
         if old is not None:
             self.free_key(call_id, old)

@@ -3,7 +3,7 @@ count.
 
 Every script counts each change twice, in the running ``counters`` and in the current minute of ``history``
 (one more ``HINCRBY`` per total a script touches, not per call). The baseline is the package's own scripts with
-the history writes taken out of the prelude's ``count`` and ``release.lua`` (nothing else differs), run by the
+the history writes taken out of history.lua's ``count`` and ``release.lua`` (nothing else differs), run by the
 same store on the same Redis in the same run. Rounds alternate (with, without, without, with, ...) so a slow
 moment of the machine lands on both. Two figures per path: the Redis time per call, from ``INFO commandstats``
 (what the scripts cost the server), and the wall time per call (what the releaser or the worker waits). The
@@ -30,7 +30,7 @@ ROUNDS = 4  # per side, after a warm-up round of each
 MOST_CALLS = 20_000
 #: The history's writes, as they stand in the scripts: taken out for the baseline.
 HISTORY_WRITES = {
-    "prelude": (
+    "history": (
         """    if not history_minute then
         history_minute = string.format('%d', math.floor(now_ms() / 60000))
     end
@@ -48,7 +48,7 @@ def without_history(name: str) -> str:
     """The source of script ``name`` with the history's writes taken out (the sweep's pruning stays: it is
     off the release and ack paths)."""
     text = PACKAGE_SOURCE(name)
-    expected = {"prelude"} if name in store_scripts.STORE_SCRIPTS else set()
+    expected = {"history"} if "local function count(" in text else set()
     if name == "release":
         expected.add("release")
     for part in expected:

@@ -15,10 +15,11 @@ from typing import Any
 
 from ..store.calls import redis_errors
 from ..store.depot import Depot
-from .metrics import LATENESS_BOUNDS_MS, oldest_release
+from ..store.layout import HISTORY_MINUTES, LATENESS_BOUNDS_MS
+from .metrics import oldest_release
 
-#: How many minutes the store keeps (prelude.lua's HISTORY_MINUTES).
-KEPT_MINUTES = 1440
+#: How many minutes the store keeps (layout.py's HISTORY_MINUTES).
+KEPT_MINUTES = HISTORY_MINUTES
 #: What each minute counts, in the order the charts and tables show them: field name -> label.
 EVENTS = {
     "parked": "parked",

@@ -3,7 +3,7 @@ change a limit while everything runs (``celery -A proj redisdelay limits``).
 
 A limit is declared in code and written by each park of a call under it (``code:<name>`` in the store's
 ``limits`` hash); an operator's setting (``set:<name>``) wins over it until it is reset. See
-:mod:`celery_redisdelay.store.limits` and "Limits" in ``store/lua/prelude.lua``.
+:mod:`celery_redisdelay.store.limits` and ``store/lua/lib/limits.lua``.
 """
 
 from __future__ import annotations

@@ -15,13 +15,12 @@ from typing import Any
 
 from ..store.calls import redis_errors, text
 from ..store.depot import Depot, HoldsDepot, depot_of
+from ..store.layout import LATENESS_BOUNDS_MS
 from .admin import worker_leases
 from .limits import LimitState, limit_states
 from .listing import server_ms
 from .pausing import paused
 
-#: Upper bounds of the release lateness buckets, in ms (release.lua's LATENESS_BOUNDS).
-LATENESS_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 #: Running totals: counter field -> (metric name, help).
 TOTALS = {
     "parked": ("parked", "Calls put in the delay set (a retry parked again counts again)."),

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import ConfigurationError
+from .layout import STORE_KEYS
 
 
 @dataclass(frozen=True)
@@ -147,29 +148,8 @@ class Keyspace:
 
     @property
     def store_keys(self) -> list[str]:
-        """The twenty keys every store script receives, in the order the scripts expect."""
-        return [
-            self.delayed,
-            self.inflight,
-            self.dead,
-            self.payloads,
-            self.meta,
-            self.index,
-            self.batches,
-            self.counters,
-            self.wake,
-            self.history,
-            self.limits,
-            self.gates,
-            self.gated,
-            self.slots,
-            self.paces,
-            self.waits,
-            self.held,
-            self.holders,
-            self.pauses,
-            self.paused,
-        ]
+        """The keys every store script receives, in the order the scripts expect (:data:`.layout.STORE_KEYS`)."""
+        return [self._key(key.name) for key in STORE_KEYS]
 
     def batch_items(self, group: str) -> str:
         """The list of items waiting in one batch group (see :func:`group_id`)."""

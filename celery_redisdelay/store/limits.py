@@ -3,7 +3,7 @@
 A limit is declared in code (``@rd.delayed(limit_rate="100/m", limit_concurrency=5, limit_key="tenant:{tenant}",
 limit_quota="crm-api")``, quotas in the ``redisdelay_quotas`` setting) and enforced where the calls are
 released: a call under limits waits in Redis, past its due time if it must, until every limit it is under lets it
-go (``lua/release.lua``, "Limits" in ``lua/prelude.lua``). Each call carries its *gate*: the limit instances it is
+go (``lua/release.lua``, ``lua/lib/limits.lua``). Each call carries its *gate*: the limit instances it is
 under, one per line, each a limit's name, a tab and the key its arguments gave. Each park also writes the limits
 as the code declares them, so that the release reads them from Redis, where an operator may override them
 (``celery -A proj redisdelay limits set``).

@@ -1,6 +1,6 @@
 """A call's metadata: the small JSON object kept beside its payload (``{tag}:meta``), typed.
 
-The Lua scripts read and write the same fields; ``lua/prelude.lua`` lists them and points here. The
+The Lua scripts read and write the same fields; ``lua/lib/meta.lua`` lists them and points here. The
 park writes the limits (and, for a stored broker message, its list), not yet delivered; the scripts
 then keep the delivery count and phase as the call moves (see README, the life of a call).
 """
@@ -62,7 +62,7 @@ def meta_json(meta: Limits | CallMeta, key: str | None = None) -> str:
 def decode_meta(raw: bytes | str | None, state: str | None = None) -> CallMeta:
     """A call's stored metadata (empty when missing or not JSON); with its ``state``, as it stands there:
     release.lua leaves a first delivery's metadata as parked, which in flight means queued, delivery 1
-    (prelude.lua's ``load_inflight_meta``)."""
+    (meta.lua's ``load_inflight_meta``)."""
     try:
         meta = json.loads(raw) if raw else {}
     except ValueError:

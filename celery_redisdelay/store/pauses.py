@@ -1,9 +1,9 @@
 """Pauses as the store keeps them: a record per paused task or queue, and the calls waiting on it.
 
 A pause lives in each shard (``{tag}:pauses``, target -> JSON record; ``{tag}:paused``, the calls set aside, see
-``lua/prelude.lua``, "Pauses"). ``lua/pause.lua`` writes the records and holds the calls a worker received while
+``lua/lib/pauses.lua``). ``lua/pause.lua`` writes the records and holds the calls a worker received while
 their target was paused; the release moves due calls of a paused target aside and brings them back when the pause
-ends. This module builds that script (the prelude ahead of it, as :mod:`.scripts` builds the store's) and reads
+ends. This module builds that script (as :mod:`.scripts` builds the store's) and reads
 records back.
 """
 
@@ -15,7 +15,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from .scripts import LUA_CONSTANTS
+from .scripts import compose
 
 #: The kinds of target a pause names.
 KINDS = ("task", "queue")
@@ -28,12 +28,8 @@ def target_of(kind: str, name: str) -> str:
 
 @cache
 def pause_source() -> str:
-    """``pause.lua`` with the constants and the prelude ahead of it, as every store script has them."""
-    lua = files(__package__).joinpath("lua")
-    prelude = lua.joinpath("prelude.lua").read_text(encoding="utf-8")
-    own = lua.joinpath("pause.lua").read_text(encoding="utf-8")
-    constants = "".join(f"local {name} = [==[{value.decode()}]==]\n" for name, value in LUA_CONSTANTS.items())
-    return f"{constants}{prelude}\n{own}"
+    """``pause.lua`` with its header and libraries ahead of it, as every store script has them."""
+    return compose(files(__package__).joinpath("lua", "pause.lua").read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)

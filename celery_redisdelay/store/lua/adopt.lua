@@ -9,6 +9,7 @@
 --       the list, or the delivery tag
 -- Returns: 1 taken; 0 the store knows the id (nothing stored; the broker's copy is dropped all the same);
 --          -1 the broker's copy was gone (another consumer took it): nothing stored
+-- requires: calls, history
 local id, where, copy = ARGV[1], ARGV[5], ARGV[6]
 if where == 'list' then
     if redis.call('LREM', KEYS[FIXED_KEYS + 1], 1, copy) == 0 then

@@ -8,6 +8,7 @@
 -- ARGV: 1 group ([task, key] as JSON), 2 item (JSON), 3 size, 4 max wait (ms),
 --       5 the add's id: the id of the call if this add fills the group, 6 meta JSON of that call
 -- Returns: {items now waiting in the group, id of the call released by this add or ''}
+-- requires: calls, clock, wake
 local RECENT_ADDS, RECENT_MS = 1000, 60000
 local ITEMS, RECENT = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 local wrong = check_type(ITEMS, 'list') or check_type(RECENT, 'list')

@@ -3,6 +3,7 @@
 -- KEYS[FIXED_KEYS + 1]: the group's item list.
 -- ARGV: 1 group, 2 most items in the call (the task's size), 3 id for the call, 4 meta JSON
 -- Returns: how many items went into the call (0: not due, or already flushed).
+-- requires: calls, clock
 local wrong = check_type(KEYS[FIXED_KEYS + 1], 'list')
 if wrong then
     return wrong

@@ -3,6 +3,7 @@
 -- (say, after a slow publish) must not resurrect a call that was acknowledged or cancelled meanwhile.
 -- ARGV: 1 id, 2 reason, 3 '1' to bury only a call that is in flight (else any call we hold)
 -- Returns: 1 buried, 0 not held (or, with ARGV[3] = '1', not in flight); nothing changed then.
+-- requires: calls, clock, meta
 local id = ARGV[1]
 local inflight = redis.call('ZSCORE', INFLIGHT, id)
 if ARGV[3] == '1' and not inflight then

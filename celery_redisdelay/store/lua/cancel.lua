@@ -11,6 +11,7 @@
 -- Returns: {id, payload, record, ...} for each call cancelled, now or within ARGV[1] ms: record '1' when the caller
 -- is to record it revoked (payload is then its payload, so the caller can record its result as revoked the way
 -- Celery would), '0' when that is done or left to another caller.
+-- requires: calls, clock, history, limits, meta, pauses
 local CANCELLED, UNRECORDED = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 local wrong = check_type(CANCELLED, 'zset') or check_type(UNRECORDED, 'hash')
 if wrong then
@@ -30,7 +31,7 @@ if #old > 0 then
 end
 
 local answer, fresh = {}, 0
--- A call waiting in its gate (due, held back by its limits; see prelude.lua) is still parked, and so is a call set
+-- A call waiting in its gate (due, held back by its limits; see lib/limits.lua) is still parked, and so is a call set
 -- aside on a pause (its metadata notes its member of PAUSED, see set_aside).
 local function unpark(id)
     if redis.call('ZREM', DELAYED, id) == 1 then

@@ -1,11 +1,12 @@
 -- claim.lua: take due calls for publishing. A claimed call is in flight with a short deadline,
 -- so a releaser that dies before publishing loses nothing: the sweep brings the call back.
 -- ARGV: 1 most calls to take, 2 claim timeout (ms)
--- A due call of a paused task or queue is moved aside instead (see "Pauses" in prelude.lua), and the calls of ended
+-- A due call of a paused task or queue is moved aside instead (see lib/pauses.lua), and the calls of ended
 -- pauses come back first, as release.lua does.
 -- Returns: {examined, id, envelope, deliveries, list, ...}: how many due ids the
 -- script looked at, then the claimed calls. A due id without an envelope is dead-lettered here and
 -- not returned, so fewer calls than examined ids does not mean the backlog is empty.
+-- requires: calls, clock, meta, pauses, releases
 local now = now_ms()
 local pauses = load_pauses(now)
 if pauses then

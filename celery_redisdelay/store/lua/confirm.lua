@@ -1,6 +1,7 @@
 -- confirm.lua: the broker has the claimed calls; give each the deadline for waiting in the broker queue.
 -- ARGV: 1 default queue timeout (ms), 2.. ids
 -- Returns: how many calls were confirmed.
+-- requires: clock, meta
 local now = now_ms()
 local confirmed = 0
 for i = 2, #ARGV do

@@ -15,6 +15,7 @@
 -- live lease, or the sweep put this delivery's call back and has not delivered it again yet (the start takes it
 -- back); 0 stale: a later delivery was made, another worker holds it, the message is of another attempt, or the
 -- call is finished, cancelled, parked again (a retry, a lock's deferral) or dead-lettered.
+-- requires: clock, meta
 local id, n, worker = ARGV[1], tonumber(ARGV[2]), ARGV[3] or ''
 -- Whether the message is another attempt than the stored one: a broker message and an envelope both keep Celery's
 -- headers under "headers". Unknown either way (no header, a batch, a payload that is not JSON): not another.

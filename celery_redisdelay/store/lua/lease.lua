@@ -1,7 +1,7 @@
 -- lease.lua: a worker's main process holds the calls it has received (reserved or running) under a lease,
 -- and renews all of them in one call per renewal period (worker/leases.py). A call whose lease runs out is
 -- past its in-flight deadline, and the sweep delivers it again: a dead worker's calls come back within a
--- lease, not after the queue or run timeout. Metadata (see prelude.lua): h the worker holding the call,
+-- lease, not after the queue or run timeout. Metadata (see lib/meta.lua): h the worker holding the call,
 -- g kombu's delivery tag of the delivery it holds, x the hard end of its run (the task's own timeout, set
 -- at start).
 -- KEYS[FIXED_KEYS + 1]: the workers hash, worker -> {"n": calls it holds here, "at": when it last renewed (ms)}.
@@ -24,6 +24,7 @@
 -- Returns: the ids of the calls not held (hold: unknown, finished, held by another worker, delivered again
 -- since the delivery the worker names, or a renewal of a call sent again since (an attempt no worker took yet); give: not held by this worker; requeue and reject: held by another
 -- worker, or delivered again since).
+-- requires: clock, limits, meta, wake
 local WORKERS = KEYS[FIXED_KEYS + 1]
 local wrong = check_type(WORKERS, 'hash')
 if wrong then

@@ -3,6 +3,7 @@
 -- KEYS[FIXED_KEYS + 1]: the lock, KEYS[FIXED_KEYS + 2]: its waiters, KEYS[FIXED_KEYS + 3]: the wake-up list of blocking waiters
 -- ARGV: 1 token
 -- Returns: 1 released, 0 the lock had expired or another token holds it (nothing changed).
+-- requires: calls, clock, meta, wake
 local LOCK, WAITERS, WAKE_LIST = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2], KEYS[FIXED_KEYS + 3]
 local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset') or check_type(WAKE_LIST, 'list')
 if wrong then

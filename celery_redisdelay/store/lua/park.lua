@@ -12,6 +12,7 @@
 --   status 0: unique: a call holding the key is parked already; nothing stored; its id is returned
 --   status -1: debounce: the key is held by another id than ARGV[1], or ARGV[1] was used before and
 --              is no longer parked; nothing stored; the holder's id (or '') is returned to retry with
+-- requires: calls, clock, history
 local id, mode, key = ARGV[1], ARGV[6], ARGV[7]
 for i = 8, #ARGV, 2 do
     redis.call('HSET', LIMITS, 'code:' .. ARGV[i], ARGV[i + 1])

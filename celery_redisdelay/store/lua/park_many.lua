@@ -3,6 +3,7 @@
 --       3 the meta JSON they share, then id, envelope for each call (at most a thousand calls per script)
 -- Returns: the due time (ms, server clock).
 -- The ids are fresh, so unlike park.lua there is no earlier call to replace: three commands in all.
+-- requires: clock, history, wake
 local due = due_time(ARGV[1], ARGV[2])
 local meta = ARGV[3]
 local payloads, metas, scores = {}, {}, {}

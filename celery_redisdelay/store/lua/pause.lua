@@ -1,5 +1,5 @@
 -- pause.lua: pause and resume a task or a queue on this shard, and hold a call a worker received while its target is
--- paused (see "Pauses" in prelude.lua). Run by CallStore's pause methods (store/pauses.py), not by STORE_SCRIPTS.
+-- paused (see lib/pauses.lua). Run by CallStore's pause methods (store/pauses.py), not by STORE_SCRIPTS.
 -- ARGV: 1 op, then
 --   pause: 2 target, 3 kind ('task' or 'queue'), 4 name, 5 duration (ms; '' for until resumed), 6 reason, 7.. a queue's
 --          lists. A target paused already keeps its since; its until becomes the new one, and its reason the new one
@@ -8,6 +8,7 @@
 --   hold: 2 id, 3 worker, 4 the delivery's number (0: not known). A worker received a delivery of a call in flight whose target is paused (its message is then
 --          acknowledged, not run): the call leaves flight for its pause, due now, and goes out again (a later delivery)
 --          when the pause ends. Returns 1 held, 0 not in flight here or held by another worker, -1 not paused (run it).
+-- requires: clock, lex, limits, meta, pauses, wake
 local op = ARGV[1]
 local now = now_ms()
 if op == 'pause' then

@@ -3,6 +3,7 @@
 -- oldest). Ids not dead-lettered here are left alone.
 -- ARGV: the ids (1 to 1000)
 -- Returns: the ids deleted.
+-- requires: calls
 if #ARGV < 1 or #ARGV > 1000 then
     return redis.error_reply('ERR purge_many wants 1 to 1000 ids')
 end

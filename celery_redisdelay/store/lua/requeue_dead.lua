@@ -3,6 +3,7 @@
 -- can pass over them (ARGV[2]) on its next step.
 -- ARGV: 1 most entries to look at (1 to 1000), 2 entries to pass over first (those earlier steps left dead)
 -- Returns: {calls requeued, entries looked at, id of each entry left dead for want of a payload...}
+-- requires: calls, clock, wake
 local limit, skip = tonumber(ARGV[1]), tonumber(ARGV[2])
 if not limit or limit < 1 or limit > 1000 or not skip or skip < 0 then
     return redis.error_reply('ERR requeue_dead wants 1 to 1000 entries and an offset >= 0')

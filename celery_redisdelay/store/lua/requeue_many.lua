@@ -1,6 +1,7 @@
 -- requeue_many.lua: give dead-lettered calls a fresh start, due at once (one call is a list of one).
 -- ARGV: the ids, 1 to 1000
 -- Returns: {{ids requeued}, {ids left dead for want of a payload}}; ids not dead-lettered here are in neither.
+-- requires: calls, clock, wake
 if #ARGV < 1 or #ARGV > 1000 then
     return redis.error_reply('ERR requeue_many wants 1 to 1000 ids')
 end

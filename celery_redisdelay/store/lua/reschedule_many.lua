@@ -2,6 +2,7 @@
 -- is a list of one). A call deferred behind a lock no longer waits for it once moved by hand.
 -- ARGV: 1 'in' (ARGV[2] is a countdown) or 'at' (ARGV[2] is a due time), 2 milliseconds, 3.. the ids (1 to 1000)
 -- Returns: {the due time (ms, server clock), id of each call moved...}; ids not parked here are left out.
+-- requires: clock, meta, wake
 if #ARGV < 3 or #ARGV > 1002 or not tonumber(ARGV[2]) then
     return redis.error_reply('ERR reschedule_many wants a due time and 1 to 1000 ids')
 end

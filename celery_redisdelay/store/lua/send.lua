@@ -13,9 +13,10 @@
 -- call set aside on a pause.
 -- KEYS[FIXED_KEYS + 1]: the queue list the message goes to (kombu's name, priority included).
 -- ARGV: 1 id, 2 payload, 3 meta JSON, 4 default queue timeout (ms)
--- A call of a paused task or queue (see "Pauses" in prelude.lua) is stored and put aside on its pause, due now, instead
+-- A call of a paused task or queue (see lib/pauses.lua) is stored and put aside on its pause, due now, instead
 -- of pushed: it goes out when the pause ends.
 -- Returns: {status, now}: status 1 pushed, 2 parked due now (not a message of this call, or paused)
+-- requires: calls, clock, history, limits, message, meta, pauses, releases
 local lists, wrong_list = list_keys(FIXED_KEYS + 1)
 if wrong_list then
     return wrong_list

@@ -35,6 +35,7 @@
 -- ARGV: 1 most calls to look at, 2 default max deliveries, 3 the lease (ms; with KEYS[FIXED_KEYS + 1]),
 -- 4 the default queue timeout (ms; with the lists)
 -- Returns: {calls put back, calls dead-lettered}.
+-- requires: calls, clock, history, limits, message, meta, wake
 local UNACKED, UNACKED_INDEX = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 if UNACKED then
     local wrong = check_type(UNACKED, 'hash') or check_type(UNACKED_INDEX, 'zset')

@@ -2,6 +2,7 @@
 -- end (meta.x, see lease.lua) moves with it: a touch is the task saying it is alive.
 -- ARGV: 1 id, 2 milliseconds from now
 -- Returns: 1 if the call is in flight, else 0.
+-- requires: clock, meta
 local id = ARGV[1]
 if redis.call('ZSCORE', INFLIGHT, id) then
     local deadline = now_ms() + tonumber(ARGV[2])

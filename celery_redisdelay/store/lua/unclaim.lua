@@ -2,6 +2,7 @@
 -- concurrency slots they took).
 -- ARGV: ids
 -- Returns: how many calls went back.
+-- requires: clock, limits, meta
 local now = now_ms()
 local returned = 0
 for _, id in ipairs(ARGV) do
