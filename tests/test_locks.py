@@ -243,6 +243,37 @@ def test_a_busy_lock_defers_a_tracked_call_and_the_release_wakes_it(rd: RedisDel
     assert rd.store.lock_release("order:42", "tok") is True
 
 
+def test_a_delivery_older_than_the_current_one_neither_takes_nor_defers(rd: RedisDelay, client: redis.Redis) -> None:
+    """The 28-minute battle's duplicate: delivery 1 was received, the sweep delivered the call again (2) before
+    delivery 1's run began, and delivery 1's run then deferred the call behind its busy lock. The deferral counted
+    the delivery back and the lock's release woke the call, which the release pushed as delivery 2 a second time:
+    both copies passed the worker's check and ran. Now delivery 1 changes nothing, free lock or busy."""
+    call_id = order_task(rd).apply_async(kwargs={"order_id": 5}).id
+    [first] = rd.store.claim(10, 30_000)
+    assert rd.store.start(call_id, 30_000, 100, "w1@h") == 1  # delivery 1, under a short lease
+    deadline = client.zscore(rd.keys.inflight, call_id)
+    assert deadline is not None
+    until = deadline
+    wait_for(lambda: redis_ms(client) > until, WAIT, "the lease to run out")
+    assert rd.store.sweep(10, 10) == (1, 0)
+    [second] = rd.store.claim(10, 30_000)
+    assert (first.deliveries, second.deliveries) == (1, 2)
+    before = {key: client.dump(key) for key in rd.keys.store_keys}
+
+    assert rd.store.lock_take("order:5", "tok-1", 5000, call_id, 3000, delivery=1)[0] == -2, "the lock is free"
+    assert not client.exists(rd.keys.lock("order:5"))
+    outside = rd.lock("order:5")
+    assert outside.acquire(blocking=False)
+    assert rd.store.lock_take("order:5", "tok-1", 5000, call_id, 3000, delivery=1)[0] == -2, "or busy"
+    assert {key: client.dump(key) for key in rd.keys.store_keys} == before, "nothing changed"
+    assert not client.exists(rd.keys.lock_waiters("order:5"))
+
+    assert rd.store.lock_take("order:5", "tok-2", 5000, call_id, 3000, delivery=2)[0] == 0, "the current one waits"
+    deferred = rd.find(call_id)
+    assert deferred is not None and deferred.meta["s"] == "deferred"
+    assert outside.release() is True
+
+
 def test_only_the_first_in_line_polls_and_each_release_wakes_the_next(rd: RedisDelay, client: redis.Redis) -> None:
     task = order_task(rd)
     first, second, third = (task.apply_async(kwargs={"order_id": 3}).id for _ in range(3))

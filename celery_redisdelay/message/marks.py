@@ -59,6 +59,13 @@ def request_from_store(request: Any) -> bool:
     )
 
 
+def request_delivery(request: Any) -> int | None:
+    """:func:`delivery_number` for a running task's ``self.request`` (a pool process's view)."""
+    properties = getattr(request, "properties", None) or {}
+    headers = {PARKED_HEADER: request.get(PARKED_HEADER), "x-delivery-count": request.get("x-delivery-count")}
+    return delivery_number(str(request.id), properties.get("delivery_tag"), headers)
+
+
 def received_from_store(request: Any) -> bool:
     """:func:`delivered_from_store` for a request the worker's main process received."""
     message = getattr(request, "message", None)

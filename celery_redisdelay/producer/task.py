@@ -11,6 +11,7 @@ from celery.result import AsyncResult
 from celery.utils import uuid
 
 from ..errors import Abandon, ConfigurationError, Deferred, StoreUnavailableError
+from ..message.marks import request_delivery
 from .locks import Lock
 from .parking import park_call, park_sent
 from .rules import CallRules
@@ -114,9 +115,12 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
         retry_ms = lock_ms(self.lock_retry, "lock_retry")
         try:
             store = shards.for_name(name)
-            status, _ = store.lock_take(name, token, ttl, request.id, retry_ms)
+            status, _ = store.lock_take(name, token, ttl, request.id, retry_ms, request_delivery(request) or 0)
         except StoreUnavailableError as exc:
             raise Abandon(f"cannot take lock {name}: {exc}") from exc  # the sweep delivers it again
+        if status == -2:
+            # The sweep delivered the call again after this delivery was received: the later one runs it.
+            raise Abandon(f"delivery of {request.id} is not the call's current one; a later delivery runs it")
         if status == 0:
             raise Deferred(f"lock {name} is busy; the call waits for it in the delay set")
         if status < 0:

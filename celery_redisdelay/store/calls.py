@@ -506,12 +506,15 @@ class CallStore:
 
     # -- locks ----------------------------------------------------------------------------------
 
-    def lock_take(self, name: str, token: str, ttl_ms: int, call_id: str = "", retry_ms: int = 0) -> tuple[int, int]:
+    def lock_take(
+        self, name: str, token: str, ttl_ms: int, call_id: str = "", retry_ms: int = 0, delivery: int = 0
+    ) -> tuple[int, int]:
         """Take a lock, or defer ``call_id`` behind it: (1 taken | 2 taken over from a holder whose run is gone |
-        0 busy | -1 busy and call untracked, ms left)."""
+        0 busy | -1 busy and call untracked | -2 ``delivery`` (0: not known) is older than the call's current
+        one, ms left)."""
         status, remaining = self._run(
             "lock_take",
-            [token, ttl_ms, call_id, retry_ms],
+            [token, ttl_ms, call_id, retry_ms, delivery],
             f"take lock {name}",
             [self.keys.lock(name), self.keys.lock_waiters(name)],
         )

@@ -10,9 +10,14 @@
 -- at its release, that it lost the lock, as when it expires under it.
 -- KEYS[FIXED_KEYS + 1]: the lock (string: the holder's token; for a tracked call '|', its delivery, '|', its id),
 -- KEYS[FIXED_KEYS + 2]: its waiters (zset: id -> first deferral)
--- ARGV: 1 token, 2 expiry (ms), 3 id of the call asking ('' outside a task), 4 retry interval (ms)
+-- A delivery older than the call's current one asks in vain: the sweep delivered the call again after this one was
+-- received (its worker was slow to start it), and the later delivery runs it. Taking the lock or deferring the call
+-- for it would leave two copies of the current delivery (a deferral counts the delivery back), and both would run.
+-- ARGV: 1 token, 2 expiry (ms), 3 id of the call asking ('' outside a task), 4 retry interval (ms), 5 the asking
+--       delivery's number (0 or missing: not known)
 -- Returns: {status, the lock's remaining ms}; status 1 taken, 2 taken over from a holder whose run is gone,
---          0 busy (the call, if any, is deferred, unless it is the holder), -1 busy and the call is not in flight here (nothing changed).
+--          0 busy (the call, if any, is deferred, unless it is the holder), -1 busy and the call is not in flight
+--          here, -2 the asking delivery is not the call's current one (in both, nothing changed).
 -- requires: calls, clock, limits, meta, wake
 local LOCK, WAITERS = KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2]
 local wrong = check_type(LOCK, 'string') or check_type(WAITERS, 'zset')
@@ -24,6 +29,10 @@ local tracked = id ~= '' and redis.call('ZSCORE', INFLIGHT, id)
 local delivery = tracked and tostring(tonumber(load_inflight_meta(id).d) or 0)
 local value = tracked and table.concat({token, delivery, id}, '|') or token
 local now = now_ms()
+local asked = tonumber(ARGV[5]) or 0
+if tracked and asked > 0 and asked < tonumber(delivery) then
+    return {-2, redis.call('PTTL', LOCK)}
+end
 
 -- The taker leaves the line; whoever is first in it now is the one that polls (within the retry interval),
 -- so that a holder that dies without releasing is noticed.
