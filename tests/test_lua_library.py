@@ -97,3 +97,8 @@ def test_a_key_of_the_wrong_type_stops_an_ack_before_it_writes(
     with pytest.raises(StoreUnavailableError, match=rf"WRONGTYPE redisdelay key .*{key_name} holds a string"):
         rd.store.track([("acked", "call")], 60_000)
     assert {key: client.dump(key) for key in rd.keys.store_keys} == before
+
+
+def test_used_names_are_the_code_s_names_not_fields_strings_or_comments() -> None:
+    text = "local x = 'DEAD' .. DELAYED .. meta.s -- INFLIGHT\nlocal t = {META = 1, s = PAYLOADS, ...}\nt:send()"
+    assert scripts.used_names(text) == {"local", "x", "DELAYED", "meta", "t", "PAYLOADS"}

@@ -100,7 +100,7 @@ _REQUIRES = re.compile(r"^-- requires: (.*)$", re.M)
 _NOT_CODE = re.compile(r"--[^\n]*|'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"")
 
 
-_FIELDS = re.compile(r"[.:]\s*[A-Za-z_][A-Za-z_0-9]*|(?<=[{,])\s*[A-Za-z_][A-Za-z_0-9]*\s*=(?!=)")
+_FIELDS = re.compile(r"(?<![.])[.:](?![.])\s*[A-Za-z_][A-Za-z_0-9]*|(?<=[{,])\s*[A-Za-z_][A-Za-z_0-9]*\s*=(?!=)")
 
 
 def _read(path: str) -> str:
