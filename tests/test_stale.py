@@ -5,6 +5,7 @@ delivery and the sweep's new one, and runs the call once."""
 from __future__ import annotations
 
 import uuid
+import time
 from typing import Any
 
 import pytest
@@ -12,7 +13,14 @@ import redis
 from kombu import Consumer, Queue
 
 from celery_redisdelay import RedisDelay
-from celery_redisdelay.message.marks import PARKED_HEADER, delivery_number, redelivered
+from celery_redisdelay.message.marks import (
+    DELIVERY_HEADER,
+    PARKED_HEADER,
+    RELEASED_HEADER,
+    delivery_number,
+    possibly_superseded,
+    redelivered,
+)
 from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import pool_worker
 from tests.test_fidelity import echo_on
@@ -65,6 +73,10 @@ def test_a_message_says_which_delivery_it_is() -> None:
     assert delivery_number("abc", "kombu-uuid", {PARKED_HEADER: 1}) == 1
     assert delivery_number("abc", "kombu-uuid", {}) is None, "never parked"
     assert delivery_number("abc", "kombu-uuid", {PARKED_HEADER: 1, "x-delivery-count": "2"}) is None
+    # Our own header first: a quorum queue rewrites x-delivery-count with its own count (tests/test_rabbitmq.py).
+    assert delivery_number("abc", 7, {PARKED_HEADER: 1, DELIVERY_HEADER: 3, "x-delivery-count": 1}) == 3
+    assert delivery_number("abc", 7, {PARKED_HEADER: 1, DELIVERY_HEADER: True, "x-delivery-count": 1}) == 2
+    assert delivery_number("abc", 7, {DELIVERY_HEADER: 3}) is None, "not marked parked"
 
     class Message:
         def __init__(self, info: dict[str, Any], headers: dict[str, Any]) -> None:
@@ -116,6 +128,19 @@ def test_a_first_delivery_asks_nothing(rd: RedisDelay) -> None:
     rd.depot.shards.first = lambda call_id, action: asked.append(call_id)  # type: ignore[method-assign,assignment,misc]
     assert not StaleDeliveries(rd.depot, lambda task: True).is_stale(Message())
     assert asked == [], "a first delivery costs no Redis call"
+    # But for one released more than half the queue timeout ago: the sweep may have delivered its call again.
+    old = Message()
+    old.headers[RELEASED_HEADER] = int(time.time() * 1000) - round(rd.settings.queue_timeout * 1000)
+    assert StaleDeliveries(rd.depot, lambda task: True).is_stale(old)  # the fake store says: not current
+    assert asked == [old.headers["id"]]
+
+
+def test_a_first_delivery_is_asked_about_once_it_may_have_been_superseded() -> None:
+    now = 1_000_000
+    assert not possibly_superseded({}, now, 10_000), "released before 0.6: no time, no question"
+    assert not possibly_superseded({RELEASED_HEADER: now - 5_000}, now, 10_000)
+    assert possibly_superseded({RELEASED_HEADER: now - 5_001}, now, 10_000)
+    assert not possibly_superseded({RELEASED_HEADER: "0"}, now, 10_000)
 
 
 def test_a_copy_of_a_call_another_worker_holds_under_a_live_lease_is_stale(rd: RedisDelay, client: redis.Redis) -> None:

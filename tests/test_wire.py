@@ -22,7 +22,7 @@ from kombu import Exchange, Queue
 from celery_redisdelay import ConfigurationError, RedisDelay
 from celery_redisdelay.message import wire
 from celery_redisdelay.message.envelope import EnvelopeError
-from celery_redisdelay.message.marks import PARKED_HEADER
+from celery_redisdelay.message.marks import DELIVERY_HEADER, PARKED_HEADER, RELEASED_HEADER
 from celery_redisdelay.message.stored import decode_stored
 from celery_redisdelay.message.wire import PREFIX, BrokerLayout
 from celery_redisdelay.producer.kept import KEPT_OPTIONS
@@ -59,15 +59,19 @@ def released(rd: RedisDelay, client: redis.Redis, keys: list[str]) -> list[dict[
     return [message, {"list": grown[0]}]
 
 
+KOMBU_MARKS = (PARKED_HEADER, DELIVERY_HEADER, RELEASED_HEADER)
+
+
 def comparable(message: dict[str, Any]) -> dict[str, Any]:
     """A message minus what differs between two apps and two instants: the delivery tag, the app's
     reply queue, the absolute expiry computed at call time and the relative one computed at publish
-    (present or not, they must agree), and the mark a delivery through kombu carries in place of the stored
-    message's own tag (the worker takes it out before the task runs: message/marks.py)."""
+    (present or not, they must agree), and the marks a delivery through kombu carries in place of the stored
+    message's own tag: parked, its delivery's number and when it was released (the worker takes them out before
+    the task runs: message/marks.py)."""
     properties = {k: v for k, v in message["properties"].items() if k not in ("delivery_tag", "reply_to")}
     if "expiration" in properties:
         properties["expiration"] = True
-    headers = {k: v for k, v in message["headers"].items() if k != PARKED_HEADER}
+    headers = {k: v for k, v in message["headers"].items() if k not in KOMBU_MARKS}
     headers["expires"] = message["headers"].get("expires") is not None
     return {**message, "properties": properties, "headers": headers}
 
@@ -104,7 +108,9 @@ def test_fast_and_kombu_paths_push_identical_messages(
     assert comparable(fast_message) == comparable(slow_message)
     assert fast_message["properties"]["delivery_tag"] == f"same-id-{name}.1"
     # Each says it is a parked call's delivery: the stored message by its tag, kombu's by a header.
-    assert PARKED_HEADER not in fast_message["headers"] and slow_message["headers"][PARKED_HEADER] == 1
+    assert not set(KOMBU_MARKS) & set(fast_message["headers"])
+    assert slow_message["headers"][PARKED_HEADER] == 1 and slow_message["headers"][DELIVERY_HEADER] == 1
+    assert isinstance(slow_message["headers"][RELEASED_HEADER], int)
 
 
 @pytest.mark.parametrize(("name", "conf", "options"), CASES, ids=[case[0] for case in CASES])

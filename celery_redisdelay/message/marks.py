@@ -20,7 +20,17 @@ from typing import Any
 PARKED_HEADER = "x-redisdelay-parked"
 #: The eta Celery wrote in a parked call's message (its ISO 8601 text), kept out of the ``eta`` header.
 ETA_HEADER = "x-redisdelay-eta"
-_MARKS = (PARKED_HEADER, ETA_HEADER)
+#: Which delivery of the call a message published through kombu is. A header of our own, not only
+#: ``x-delivery-count``: RabbitMQ's quorum queues write that one themselves (from 0 on a first delivery in 3.10 and
+#: 3.11, rabbitmq-server#7732), over what the release wrote.
+DELIVERY_HEADER = "x-redisdelay-delivery"
+#: When the release published the message (milliseconds since the epoch, the store's clock): a first delivery that
+#: waited in a broker queue the store cannot take it back from may have been delivered again since (see
+#: :func:`possibly_superseded`).
+RELEASED_HEADER = "x-redisdelay-released"
+_MARKS = (PARKED_HEADER, ETA_HEADER, DELIVERY_HEADER, RELEASED_HEADER)
+#: The attribute of a running task's request that keeps its delivery's number once the marks are dropped.
+DELIVERY_ATTRIBUTE = "redisdelay_delivery"
 
 
 def delivered_from_store(call_id: str, delivery_tag: Any, headers: Mapping[str, Any] | None) -> bool:
@@ -33,12 +43,16 @@ def delivered_from_store(call_id: str, delivery_tag: Any, headers: Mapping[str, 
 
 def delivery_number(call_id: str, delivery_tag: Any, headers: Mapping[str, Any] | None) -> int | None:
     """Which delivery of the parked call ``call_id`` a message is: its tag's ``<n>``, or for one published
-    through kombu 1 + its ``x-delivery-count`` header (the deliveries before it); None when it is none."""
+    through kombu its :data:`DELIVERY_HEADER`, else (a message released before 0.6) 1 + its ``x-delivery-count``
+    header (the deliveries before it); None when it is none."""
     prefix, dot, number = str(delivery_tag or "").rpartition(".")
     if dot and prefix == call_id and number.isdigit():
         return int(number)
     if not (headers and headers.get(PARKED_HEADER)):
         return None
+    own = headers.get(DELIVERY_HEADER)
+    if isinstance(own, int) and not isinstance(own, bool) and own >= 1:
+        return own
     earlier = headers.get("x-delivery-count") or 0
     return 1 + earlier if isinstance(earlier, int) and earlier >= 0 else None
 
@@ -51,6 +65,17 @@ def redelivered(message: Any) -> bool:
     return bool(info.get("redelivered") or headers.get("redelivered"))
 
 
+def possibly_superseded(headers: Mapping[str, Any] | None, now_ms: int, queue_timeout_ms: int) -> bool:
+    """Whether a first delivery published through kombu is old enough that the sweep may have delivered its call
+    again meanwhile: it was released more than half the queue timeout ago (the sweep delivers again a call whose
+    message waited the whole queue timeout; half leaves room for clocks that differ). On the store's own Redis the
+    sweep takes the old message out of its list; a broker such as RabbitMQ keeps it."""
+    released = (headers or {}).get(RELEASED_HEADER)
+    if not isinstance(released, int) or isinstance(released, bool):
+        return False
+    return now_ms - released > queue_timeout_ms // 2
+
+
 def request_from_store(request: Any) -> bool:
     """:func:`delivered_from_store` for a running task's ``self.request`` (a pool process's view)."""
     properties = getattr(request, "properties", None) or {}
@@ -60,9 +85,17 @@ def request_from_store(request: Any) -> bool:
 
 
 def request_delivery(request: Any) -> int | None:
-    """:func:`delivery_number` for a running task's ``self.request`` (a pool process's view)."""
+    """:func:`delivery_number` for a running task's ``self.request`` (a pool process's view), kept by
+    :func:`drop_mark` once the marks are taken out."""
+    kept = request.__dict__.get(DELIVERY_ATTRIBUTE)
+    if isinstance(kept, int):
+        return kept
     properties = getattr(request, "properties", None) or {}
-    headers = {PARKED_HEADER: request.get(PARKED_HEADER), "x-delivery-count": request.get("x-delivery-count")}
+    headers = {
+        PARKED_HEADER: request.get(PARKED_HEADER),
+        DELIVERY_HEADER: request.get(DELIVERY_HEADER),
+        "x-delivery-count": request.get("x-delivery-count"),
+    }
     return delivery_number(str(request.id), properties.get("delivery_tag"), headers)
 
 
@@ -77,8 +110,12 @@ def received_from_store(request: Any) -> bool:
 def drop_mark(request: Any) -> None:
     """Take :data:`PARKED_HEADER` and :data:`ETA_HEADER` out of a running task's ``self.request``, so that the
     task sees the request Celery would have given it: the call's eta as ``request.eta``, its custom headers
-    (``None`` when none is left)."""
-    request.__dict__.pop(PARKED_HEADER, None)
+    (``None`` when none is left). The delivery's number stays, as :data:`DELIVERY_ATTRIBUTE` (a lock asks for it)."""
+    number = request_delivery(request)
+    if number is not None:
+        request.__dict__[DELIVERY_ATTRIBUTE] = number
+    for mark in (PARKED_HEADER, DELIVERY_HEADER, RELEASED_HEADER):
+        request.__dict__.pop(mark, None)
     headers = getattr(request, "headers", None)
     eta = request.__dict__.pop(ETA_HEADER, None)
     if eta is None and isinstance(headers, dict):

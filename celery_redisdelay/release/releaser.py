@@ -23,7 +23,7 @@ from kombu.utils import json
 from ..errors import RedisDelayError
 from ..message import wire
 from ..message.envelope import Envelope, EnvelopeError
-from ..message.marks import PARKED_HEADER
+from ..message.marks import DELIVERY_HEADER, PARKED_HEADER, RELEASED_HEADER
 from ..message.stored import BatchCall, decode_stored
 from ..producer.batch import BatchedTask
 from ..producer.task import DelayedTask
@@ -105,10 +105,17 @@ def publish_batch(app: Celery, send_task: SendTask, producer: Any, call_id: str,
 
 
 def publish_call(
-    app: Celery, send_task: SendTask, producer: Any, call_id: str, payload: bytes, deliveries: int = 1
+    app: Celery,
+    send_task: SendTask,
+    producer: Any,
+    call_id: str,
+    payload: bytes,
+    deliveries: int = 1,
+    released_ms: int | None = None,
 ) -> None:
     """Publish one stored call: an envelope as it is, a flushed batch as the task's message (through
-    ``send_task``, Celery's own), with the header that says it was parked. A later delivery carries
+    ``send_task``, Celery's own), with the headers that say it was parked, which delivery it is and when it was
+    released (``released_ms``, the store's clock; see :mod:`..message.marks`). A later delivery also carries
     ``redelivered`` and ``x-delivery-count`` (the deliveries before it) in its headers; kombu writes
     ``delivery_info`` itself on this path."""
     stored = decode_stored(payload)
@@ -117,7 +124,9 @@ def publish_call(
         return
     if stored.headers.get("id", call_id) != call_id:
         raise EnvelopeError(f"the stored message is call {stored.headers['id']}'s, not this call's")
-    marks: dict[str, Any] = {PARKED_HEADER: 1}  # the worker tracks the run (message/marks.py)
+    marks: dict[str, Any] = {PARKED_HEADER: 1, DELIVERY_HEADER: deliveries}  # the worker tracks the run
+    if released_ms is not None:
+        marks[RELEASED_HEADER] = released_ms
     if deliveries > 1:
         marks.update({"redelivered": True, "x-delivery-count": deliveries - 1})
     stored = dataclasses.replace(stored, headers={**marks, **stored.headers})
@@ -284,7 +293,9 @@ class Releaser:
         """Publish ``call`` through kombu; whether it was. A bad entry is dead-lettered (one bad entry must not stop
         the others); a broker failure is raised."""
         try:
-            publish_call(self.app, self.send_task, producer, call.id, call.envelope, call.deliveries)
+            publish_call(
+                self.app, self.send_task, producer, call.id, call.envelope, call.deliveries, self._released_ms()
+            )
             return True
         except fatal:
             raise
@@ -306,12 +317,18 @@ class Releaser:
         with self.app.connection_for_write() as connection:
             producer = self.app.amqp.Producer(connection)
             try:
-                publish_call(self.app, self.send_task, producer, call.id, call.envelope, call.deliveries)
+                publish_call(
+                    self.app, self.send_task, producer, call.id, call.envelope, call.deliveries, self._released_ms()
+                )
             except broker_errors(producer):
                 raise
             except Exception as exc:  # noqa: BLE001 - the call's own error: the caller dead-letters it
                 return exc
         return None
+
+    def _released_ms(self) -> int | None:
+        """When the calls being published were released: the store's clock as the release script read it."""
+        return self.last_release.now_ms if self.last_release is not None else None
 
     def _group_limits(self, group: str) -> tuple[int, Limits | CallMeta]:
         """The size and call limits of a group's task; defaults when this app does not know the task

@@ -47,12 +47,13 @@ def cut_off(channel: Any) -> bool:
 
 def guard(channel: Any) -> bool:
     """Skip the Redis side of restoring, acknowledging and rejecting on ``channel`` once it is cut off from its
-    broker (:func:`cut_off`); whether the guard is in place (only kombu's Redis transport needs it)."""
-    qos = channel.qos
+    broker (:func:`cut_off`); whether the guard is in place (only kombu's Redis transport needs it: a py-amqp
+    channel, RabbitMQ's, has no ``qos`` at all)."""
+    qos = getattr(channel, "qos", None) if hasattr(channel, "_connparams") else None
+    if qos is None or not hasattr(qos, "unacked_key"):
+        return False
     if getattr(qos, INSTALLED, False):
         return True
-    if not hasattr(channel, "_connparams") or not hasattr(qos, "unacked_key"):
-        return False
     base = virtual.QoS
     kombu_ack, kombu_reject, kombu_restore_unacked = qos.ack, qos.reject, qos.restore_unacked
 

@@ -11,17 +11,23 @@ header is not the stored message's: a retry's deliveries count from 1 again), of
 under a lease that has not run out (kombu restores a message a live worker has held past the visibility
 timeout, and those of a dropped connection), or of a call that is finished, cancelled, parked again or
 dead-lettered, is acknowledged and dropped, and logged. A message the store cannot be asked about runs
-(at-least-once). First deliveries are not asked about: they cost nothing.
+(at-least-once).
+
+First deliveries are not asked about, they cost nothing, but for one that waited so long in a broker queue that the
+sweep may have delivered its call again meanwhile (:func:`~..message.marks.possibly_superseded`: released more than
+half the queue timeout ago). On the store's own Redis the sweep takes the waiting message out of its list; a broker
+such as RabbitMQ keeps it, and both would run.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RedisDelayError
-from ..message.marks import delivery_number, redelivered
+from ..message.marks import delivery_number, possibly_superseded, redelivered
 from . import strategies
 
 if TYPE_CHECKING:
@@ -46,10 +52,13 @@ class StaleDeliveries:
         return strategies.wrap(tasks, ORIGINAL, lambda task: self.is_stale if self.owns(task) else None)
 
     def is_stale(self, message: Any) -> bool:
-        """Whether a received message is a redelivery the store says is not the call's current delivery."""
-        if not redelivered(message):
-            return False
+        """Whether a received message is a redelivery (or a first delivery that may have been superseded) the store
+        says is not the call's current delivery."""
         headers = getattr(message, "headers", None) or {}
+        if not redelivered(message) and not possibly_superseded(
+            headers, int(time.time() * 1000), round(self.depot.settings.queue_timeout * 1000)
+        ):
+            return False
         call_id = headers.get("id")
         number = delivery_number(str(call_id), getattr(message, "delivery_tag", None), headers)
         if call_id is None or number is None:

@@ -50,12 +50,12 @@ def store_delivery(call_id: Any, tag: Any) -> bool:
 
 def install(channel: Any, depot: Depot) -> bool:
     """Leave kombu's unacked bookkeeping out, on ``channel``, for the deliveries of the store's calls; whether it
-    was set up (only kombu's Redis transport keeps such bookkeeping)."""
-    qos = channel.qos
+    was set up (only kombu's Redis transport keeps such bookkeeping: a py-amqp channel has no ``qos``)."""
+    qos = getattr(channel, "qos", None)
+    if qos is None or not hasattr(qos, "unacked_key") or not hasattr(qos, "_remove_from_indices"):
+        return False
     if getattr(qos, INSTALLED, False):
         return True
-    if not hasattr(qos, "unacked_key") or not hasattr(qos, "_remove_from_indices"):
-        return False
     base = virtual.QoS
     own: set[str] = set()  # the tags of the store's deliveries this channel holds
     kombu_append, kombu_ack, kombu_reject = qos.append, qos.ack, qos.reject

@@ -1,0 +1,210 @@
+"""RabbitMQ as the broker, Redis as the store: real RabbitMQ nodes (Debian's rabbitmq-server), real workers.
+
+The matrix: classic and quorum queues, each with Celery's early acknowledgement and with ``task_acks_late``. Quorum
+queues need Celery 5.5 or newer (the worker must not ask them for a global QoS); below it they skip. Without the
+server the tests skip, saying how to install it, except in CI as root, where .ci/run installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import celery
+import pytest
+import redis
+from celery import chain, chord, group
+from kombu import Connection
+
+from celery_redisdelay.testing import CeleryProcess, RedisServer, wait_for, worker
+from celery_redisdelay.testing.rabbitmq import INSTALL_HINT, RabbitMQServer, RabbitMQUnavailable
+from tests.conftest import ROOT
+
+CELERY_VERSION = tuple(int(part) for part in celery.__version__.split(".")[:2])
+COMBINATIONS = [
+    pytest.param(("classic", False), id="classic-early-ack"),
+    pytest.param(("classic", True), id="classic-acks-late"),
+    pytest.param(("quorum", False), id="quorum-early-ack"),
+    pytest.param(("quorum", True), id="quorum-acks-late"),
+]
+
+
+@pytest.fixture(scope="session")
+def rabbitmq() -> Iterator[RabbitMQServer]:
+    try:
+        server = RabbitMQServer(["consumer_timeout = 60000"])
+    except RabbitMQUnavailable:
+        if os.environ.get("CI") and os.geteuid() == 0 and shutil.which("apt-get"):
+            pytest.fail(f"CI installs Debian's rabbitmq-server (.ci/run); it is missing ({INSTALL_HINT})")
+        pytest.skip(f"RabbitMQ is not installed ({INSTALL_HINT})")
+    server.start()
+    print(f"RabbitMQ started in {server.startup_seconds:.1f} s on port {server.port}")
+    yield server
+    server.stop()
+
+
+class RabbitSetup:
+    """One combination's queue, key prefix and workers, and the test process's own app on it."""
+
+    def __init__(self, redis_server: RedisServer, rabbit: RabbitMQServer, queue_type: str, acks_late: bool) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.env = {
+            "REDISDELAY_TEST_URL": redis_server.url,
+            "REDISDELAY_TEST_AMQP": rabbit.url,
+            "REDISDELAY_TEST_QUEUE": f"rabbit-{queue_type}-{tag}",
+            "REDISDELAY_TEST_QUEUE_TYPE": queue_type,
+            "REDISDELAY_TEST_ACKS_LATE": "1" if acks_late else "0",
+            "REDISDELAY_TEST_PREFIX": f"rabbit-{tag}",
+            "PYTHONPATH": str(ROOT),
+        }
+        self.rabbit = rabbit
+        self.workers: list[CeleryProcess] = []
+        self.marks = redis.Redis.from_url(f"{redis_server.url}/2", decode_responses=True)
+
+    def proj(self, **overrides: str) -> Any:
+        """``tests.rabbit_proj`` imported afresh in this process with this setup's environment."""
+        import importlib
+        import sys
+
+        os.environ.update({**self.env, **overrides})
+        sys.modules.pop("tests.rabbit_proj", None)
+        return importlib.import_module("tests.rabbit_proj")
+
+    def start_worker(self, **overrides: str) -> CeleryProcess:
+        name = f"-n=rabbit{len(self.workers)}-{uuid.uuid4().hex[:6]}@%h"  # RabbitMQ refuses two of one name
+        process = worker(
+            "tests.rabbit_proj", concurrency=2, env={**self.env, **overrides}, cwd=str(ROOT), extra=[name]
+        ).start()
+        self.workers.append(process)
+        wait_for(lambda: "ready." in process.output() or process.process.poll() is not None, 90, "a worker")  # type: ignore[union-attr]
+        assert process.process is not None and process.process.poll() is None, process.output()[-3000:]
+        return process
+
+    def runs(self, key: str) -> list[dict[str, Any]]:
+        return [json.loads(entry) for entry in self.marks.lrange(key, 0, -1)]
+
+    def wait_runs(self, key: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
+        wait_for(lambda: len(self.runs(key)) >= count, timeout, f"{count} run(s) on {key}")
+        return self.runs(key)
+
+    def logs(self) -> str:
+        return "\n".join(process.output()[-4000:] for process in self.workers)
+
+    def stop(self) -> None:
+        for process in self.workers:
+            process.stop()
+            process.remove_files()
+        self.marks.close()
+
+
+@pytest.fixture(scope="module", params=COMBINATIONS)
+def setup(request: pytest.FixtureRequest, redis_server: RedisServer, rabbitmq: RabbitMQServer) -> Iterator[RabbitSetup]:
+    queue_type, acks_late = request.param
+    if queue_type == "quorum" and CELERY_VERSION < (5, 5):
+        pytest.skip("quorum queues need Celery 5.5 or newer (no global QoS)")
+    made = RabbitSetup(redis_server, rabbitmq, queue_type, acks_late)
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def running(setup: RabbitSetup) -> Iterator[Any]:
+    """The setup's app in this process, with one worker running (started once per combination)."""
+    if not setup.workers:
+        setup.start_worker()
+    proj = setup.proj()
+    yield proj
+    if hasattr(pytest, "current_failed"):  # pragma: no cover
+        print(setup.logs())
+
+
+def test_the_worker_starts_and_runs_every_form_of_delayed_call(setup: RabbitSetup, running: Any) -> None:
+    """The first test of RabbitMQ: a worker starts on it and runs countdown, eta, a retry's countdown, a
+    ``@rd.delayed`` call and a canvas, each once and none early; headers, ``expires`` and priority survive AMQP."""
+    key = f"forms-{uuid.uuid4().hex[:6]}"
+    sent = running.server_ms()
+    eta = datetime.now(UTC) + timedelta(seconds=1.5)
+    expires = datetime.now(UTC) + timedelta(hours=1)
+    running.record.apply_async((f"{key}:countdown", 1), countdown=1)
+    running.record.apply_async((f"{key}:eta", 2), eta=eta, expires=expires, priority=7, headers={"x-custom": "kept"})
+    running.record_delayed.apply_async((f"{key}:delayed", 3), countdown=1)
+    running.flaky.delay(f"{key}:flaky", 2)
+    chain(running.add.si(1, 2), running.add.s(3)).apply_async(countdown=1)
+    chord([running.add.si(i, i) for i in range(3)], running.total.s(f"{key}:chord")).apply_async(countdown=1)
+    group(running.record.si(f"{key}:group", i) for i in range(3)).apply_async(countdown=1)
+    try:
+        countdown = setup.wait_runs(f"{key}:countdown", 1)
+        at_eta = setup.wait_runs(f"{key}:eta", 1)
+        delayed = setup.wait_runs(f"{key}:delayed", 1)
+        retried = setup.wait_runs(f"{key}:flaky:done", 1)
+        chorded = setup.wait_runs(f"{key}:chord", 1)
+        grouped = setup.wait_runs(f"{key}:group", 3)
+    except TimeoutError:
+        print(setup.logs())
+        raise
+    assert countdown[0]["ms"] >= sent + 1000
+    assert at_eta[0]["ms"] >= eta.timestamp() * 1000 - 5  # the Redis clock and this one agree to a few ms
+    assert at_eta[0]["custom"] == "kept"
+    assert at_eta[0]["priority"] == 7
+    assert at_eta[0]["expires"] is not None and datetime.fromisoformat(at_eta[0]["expires"]) == expires
+    assert at_eta[0]["eta"] is not None
+    assert delayed[0]["value"] == 3
+    assert retried[0]["value"] == 3 and retried[0]["retries"] == 2
+    assert chorded[0]["value"] == 6
+    assert sorted(run["value"] for run in grouped) == [0, 1, 2]
+    # Each once: nothing ran twice meanwhile.
+    for name in ("countdown", "eta", "delayed", "flaky:done", "chord"):
+        assert len(setup.runs(f"{key}:{name}")) == 1, name
+    assert "Unrecoverable error" not in setup.logs()
+
+
+def test_later_deliveries_run(setup: RabbitSetup, redis_server: RedisServer) -> None:
+    """A call the store delivered three times (each delivery waited in the queue past the queue timeout), whose
+    messages the broker then put back once (as for a worker that died holding them), runs once, from its third
+    delivery. On a quorum queue RabbitMQ writes ``x-delivery-count`` itself, its own count of the message's
+    deliveries, over the one the release wrote: the delivery's number is read from a header of ours."""
+    tag = uuid.uuid4().hex[:8]  # a store of its own: no other worker of the setup releases its calls
+    queue = f"later-{tag}"
+    overrides = {
+        "REDISDELAY_TEST_QUEUE_TIMEOUT": "2",
+        "REDISDELAY_TEST_QUEUE": queue,
+        "REDISDELAY_TEST_PREFIX": f"later-{tag}",
+    }
+    proj = setup.proj(**overrides)
+    key = f"later-{tag}"
+    with Connection(setup.rabbit.url) as connection:
+        proj.app.amqp.queues[queue](connection.default_channel).declare()
+    result = proj.record.apply_async((key, "once"), countdown=0.2)
+    # No worker consumes the queue yet; this process releases: delivery 1, then after each queue timeout another.
+    wait_for(lambda: proj.rd.releasers.tick().released, 10, "the first delivery")
+    for _ in range(2):
+        wait_for(lambda: proj.rd.releasers.tick().requeued, 10, "the sweep to deliver the call again")
+        wait_for(lambda: proj.rd.releasers.tick().released or proj.rd.stats()["delayed"] == 0, 10, "the release")
+    with Connection(setup.rabbit.url) as connection:
+        assert setup.rabbit.queue_depth(connection, queue) == 3  # the three deliveries wait in the queue
+        requeued: list[Any] = []
+
+        def requeue(body: Any, message: Any) -> None:
+            requeued.append(message.headers)
+            message.requeue()
+
+        with connection.Consumer(proj.app.amqp.queues[queue], callbacks=[requeue], accept=["json"], prefetch_count=3):
+            wait_for(lambda: connection.drain_events(timeout=1) or len(requeued) >= 3, 20, "three messages back")
+    before = len(setup.workers)
+    setup.start_worker(**overrides)
+    try:
+        runs = setup.wait_runs(key, 1)
+        wait_for(lambda: proj.rd.stats()["inflight"] == 0, 20, "the call to finish")
+        with Connection(setup.rabbit.url) as connection:
+            wait_for(lambda: setup.rabbit.queue_depth(connection, queue) == 0, 10, "an empty queue")
+    except TimeoutError:
+        print(setup.workers[before].output()[-5000:])
+        raise
+    assert [run["id"] for run in runs] == [result.id]
+    assert len(setup.runs(key)) == 1
+    assert proj.rd.stats()["dead"] == 0
