@@ -4,8 +4,8 @@ delivery and the sweep's new one, and runs the call once."""
 
 from __future__ import annotations
 
-import uuid
 import time
+import uuid
 from typing import Any
 
 import pytest
