@@ -102,6 +102,12 @@ class RabbitSetup:
         self.marks.close()
 
 
+def tick_released_all(proj: Any) -> bool:
+    """One tick in this process (no worker releases this store's calls); whether no call is left parked."""
+    proj.rd.releasers.tick()
+    return bool(proj.rd.stats()["delayed"] == 0)
+
+
 @pytest.fixture(scope="module", params=COMBINATIONS)
 def setup(request: pytest.FixtureRequest, redis_server: RedisServer, rabbitmq: RabbitMQServer) -> Iterator[RabbitSetup]:
     queue_type, acks_late = request.param
@@ -208,3 +214,30 @@ def test_later_deliveries_run(setup: RabbitSetup, redis_server: RedisServer) -> 
     assert [run["id"] for run in runs] == [result.id]
     assert len(setup.runs(key)) == 1
     assert proj.rd.stats()["dead"] == 0
+
+
+def test_a_call_the_broker_refuses_is_dead_lettered_and_the_others_go_out(setup: RabbitSetup) -> None:
+    """Bad routing: a call aimed at a missing exchange (the broker closes the channel, 404) and one no queue is
+    bound for (returned unroutable) are each dead-lettered with the broker's reason; the release of every other call
+    goes on, and each is confirmed by the broker before the store counts it released."""
+    tag = uuid.uuid4().hex[:8]
+    queue = f"refused-{tag}"
+    proj = setup.proj(REDISDELAY_TEST_QUEUE=queue, REDISDELAY_TEST_PREFIX=f"refused-{tag}")
+    with Connection(setup.rabbit.url) as connection:
+        proj.app.amqp.queues[queue](connection.default_channel).declare()
+    key = f"refused-{tag}"
+    before = proj.record.apply_async((key, "before"), countdown=0.1)
+    missing = proj.record.apply_async((key, "missing"), countdown=0.1, exchange=f"missing-{tag}", routing_key="x")
+    unroutable = proj.record.apply_async((key, "unroutable"), countdown=0.1, exchange=queue, routing_key="nowhere")
+    after = proj.record.apply_async((key, "after"), countdown=0.1)
+    wait_for(lambda: tick_released_all(proj), 10, "the release")
+    stats = proj.rd.stats()
+    assert (stats["dead"], stats["inflight"]) == (2, 2), stats
+    dead = {entry.id: entry for entry in proj.rd.dead_letters()}
+    assert set(dead) == {missing.id, unroutable.id}
+    assert "NOT_FOUND" in dead[missing.id].meta["why"] and f"missing-{tag}" in dead[missing.id].meta["why"]
+    assert "NO_ROUTE" in dead[unroutable.id].meta["why"]
+    print({call_id: entry.meta["why"] for call_id, entry in dead.items()})
+    with Connection(setup.rabbit.url) as connection:
+        assert setup.rabbit.queue_depth(connection, queue) == 2
+    assert {proj.rd.find(call.id).state for call in (before, after)} == {"inflight"}  # type: ignore[union-attr]

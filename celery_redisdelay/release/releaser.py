@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
+from amqp.exceptions import MessageNacked
 from celery.utils import uuid
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu.exceptions import OperationalError
@@ -28,6 +29,7 @@ from ..message.stored import BatchCall, decode_stored
 from ..producer.batch import BatchedTask
 from ..producer.task import DelayedTask
 from ..store.meta import CallMeta, Limits
+from .confirms import CallRefused, ConfirmingPublisher, refusal, speaks_amqp
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -177,6 +179,7 @@ class Releaser:
         #: leaves them, so kombu does not restore it too, and a call popped by a worker that died before it
         #: held the call is swept a lease later (sweep.lua).
         self.unacked = unacked
+        self._confirms: bool | None = None  # see the property
 
     # Each step is one bounded script call and says whether more may be left.
 
@@ -258,6 +261,9 @@ class Releaser:
         published: list[str] = []
         handled: set[str] = set()  # published or dead-lettered
         try:
+            if through_kombu and self.confirms:
+                self._publish_confirmed(through_kombu, report, published, handled)
+                through_kombu = []
             with self.app.producer_or_acquire() as producer:
                 fatal = broker_errors(producer)
                 for call in through_kombu:
@@ -286,6 +292,52 @@ class Releaser:
             if published:
                 self.store.confirm(published, round(self.settings.queue_timeout * 1000))
         return len(published)
+
+    @property
+    def confirms(self) -> bool:
+        """Whether releases wait for the broker's confirm (an AMQP broker: see :mod:`.confirms`)."""
+        if self._confirms is None:
+            self._confirms = self.lists is None and speaks_amqp(self.app)
+        return self._confirms
+
+    def _publish_confirmed(
+        self, calls: list[Claimed], report: TickReport, published: list[str], handled: set[str]
+    ) -> None:
+        """Publish ``calls`` to an AMQP broker, each confirmed by it (:mod:`.confirms`). A call it refuses, or a bad
+        entry, is dead-lettered and the others go on; a broker failure is raised. A call whose outcome the failure
+        left unknown (the broker may have taken it) counts as published: should it be lost, the sweep delivers it
+        again after the queue timeout, as a later delivery; sent again now as the same delivery, both copies could
+        run."""
+        with ConfirmingPublisher(self.app) as publisher:
+            fatal = broker_errors(publisher.producer)
+            for call in calls:
+                try:
+                    publish_call(
+                        self.app,
+                        self.send_task,
+                        publisher.producer,
+                        call.id,
+                        call.envelope,
+                        call.deliveries,
+                        self._released_ms(),
+                    )
+                    publisher.check(call.id)
+                except Exception as exc:
+                    reason = str(exc) if isinstance(exc, (CallRefused, EnvelopeError)) else refusal(exc)
+                    if reason is None and isinstance(exc, fatal):
+                        if not isinstance(exc, MessageNacked):
+                            published.append(call.id)  # the outcome is unknown (see above)
+                            handled.add(call.id)
+                        raise
+                    if not isinstance(exc, (CallRefused, EnvelopeError)):
+                        publisher.renew()  # the refusal closed the channel (or left it in doubt)
+                    reason = reason or f"cannot publish: {exc!r}"
+                    logger.error("redisdelay: dead-lettering call %s: %s", call.id, reason)
+                    if self.store.bury(call.id, reason, only_inflight=True):
+                        report.dead += 1
+                else:
+                    published.append(call.id)
+                handled.add(call.id)
 
     def _publish_or_bury(
         self, producer: Any, fatal: tuple[type[BaseException], ...], call: Claimed, report: TickReport
