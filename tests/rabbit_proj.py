@@ -30,6 +30,7 @@ app.conf.update(
     redisdelay_all_tasks=True,
     redisdelay_tick_interval=0.2,
     redisdelay_lease=float(os.environ.get("REDISDELAY_TEST_LEASE", "30")),
+    redisdelay_lease_renewal=float(os.environ.get("REDISDELAY_TEST_LEASE", "30")) / 3,
     task_acks_late=os.environ.get("REDISDELAY_TEST_ACKS_LATE") == "1",
     task_default_queue=QUEUE,
     task_queues=[

@@ -25,6 +25,8 @@ from celery_redisdelay.testing import CeleryProcess, RedisServer, wait_for, work
 from celery_redisdelay.testing.rabbitmq import INSTALL_HINT, RabbitMQServer, RabbitMQUnavailable
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.e2e
+
 CELERY_VERSION = tuple(int(part) for part in celery.__version__.split(".")[:2])
 COMBINATIONS = [
     pytest.param(("classic", False), id="classic-early-ack"),
@@ -75,10 +77,10 @@ class RabbitSetup:
         sys.modules.pop("tests.rabbit_proj", None)
         return importlib.import_module("tests.rabbit_proj")
 
-    def start_worker(self, **overrides: str) -> CeleryProcess:
+    def start_worker(self, concurrency: int = 2, **overrides: str) -> CeleryProcess:
         name = f"-n=rabbit{len(self.workers)}-{uuid.uuid4().hex[:6]}@%h"  # RabbitMQ refuses two of one name
         process = worker(
-            "tests.rabbit_proj", concurrency=2, env={**self.env, **overrides}, cwd=str(ROOT), extra=[name]
+            "tests.rabbit_proj", concurrency=concurrency, env={**self.env, **overrides}, cwd=str(ROOT), extra=[name]
         ).start()
         self.workers.append(process)
         wait_for(lambda: "ready." in process.output() or process.process.poll() is not None, 90, "a worker")  # type: ignore[union-attr]
@@ -241,3 +243,57 @@ def test_a_call_the_broker_refuses_is_dead_lettered_and_the_others_go_out(setup:
     with Connection(setup.rabbit.url) as connection:
         assert setup.rabbit.queue_depth(connection, queue) == 2
     assert {proj.rd.find(call.id).state for call in (before, after)} == {"inflight"}  # type: ignore[union-attr]
+
+
+LEASE = 8.0  # the lease of the workers killed below
+
+
+def test_a_killed_workers_calls_follow_the_delivery_contract(setup: RabbitSetup) -> None:
+    """A worker holding a running call and prefetched ones is SIGKILLed. RabbitMQ puts back at once what it had not
+    acknowledged; each call then goes as the delivery contract says, as on Redis: the prefetched calls run on the
+    other worker at once (not a lease later), the running call runs again with ``acks_late`` and is dead-lettered,
+    saying its worker was lost, with Celery's early acknowledgement."""
+    tag = uuid.uuid4().hex[:8]
+    overrides = {
+        "REDISDELAY_TEST_QUEUE": f"killed-{tag}",
+        "REDISDELAY_TEST_PREFIX": f"killed-{tag}",
+        "REDISDELAY_TEST_LEASE": str(LEASE),
+    }
+    proj = setup.proj(**overrides)
+    acks_late = setup.env["REDISDELAY_TEST_ACKS_LATE"] == "1"
+    key = f"killed-{tag}"
+    doomed = setup.start_worker(concurrency=1, **overrides)
+    running = proj.sleeper.apply_async((key, 60), countdown=0.1)
+    setup.wait_runs(f"{key}:started", 1)
+    held = [proj.record.apply_async((f"{key}:held", i), countdown=0.1) for i in range(3)]
+
+    def holder(call_id: str) -> str | None:
+        entry = proj.rd.find(call_id)
+        return entry.meta.get("h") if entry is not None and entry.state == "inflight" else None
+
+    wait_for(lambda: all(holder(call.id) for call in held), 20, "the worker to hold the three calls")
+    doomed.kill()
+    killed_at = proj.server_ms()
+    setup.start_worker(**overrides)
+    try:
+        runs = setup.wait_runs(f"{key}:held", 3, timeout=LEASE + 20)
+    except TimeoutError:
+        print(setup.logs())
+        raise
+    waited = max(run["ms"] for run in runs) - killed_at
+    print(f"prefetched calls ran {waited} ms after the kill (lease {LEASE:.0f} s)")
+    assert sorted(run["value"] for run in runs) == [0, 1, 2]
+    assert waited < LEASE * 1000, "RabbitMQ put them back at once: they need not wait for their leases"
+    if acks_late:
+        again = setup.wait_runs(f"{key}:started", 2, timeout=LEASE + 20)
+        assert [run["id"] for run in again] == [running.id, running.id]
+    else:
+        wait_for(
+            lambda: (entry := proj.rd.find(running.id)) is not None and entry.state == "dead",
+            LEASE + 20,
+            "a dead letter",
+        )
+        entry = proj.rd.find(running.id)
+        assert entry is not None and "worker" in entry.meta["why"], entry
+        assert len(setup.runs(f"{key}:started")) == 1
+    assert len(setup.runs(f"{key}:held")) == 3

@@ -39,12 +39,6 @@ class CallRefused(Exception):
     """The broker refused one call (:data:`REFUSALS`); the message is its reason."""
 
 
-def speaks_amqp(app: Celery) -> bool:
-    """Whether the app's broker is an AMQP one (py-amqp or librabbitmq), without connecting to it."""
-    with app.connection_for_write() as connection:
-        return str(getattr(connection.transport, "driver_type", "")) == "amqp"
-
-
 def refusal(exc: BaseException) -> str | None:
     """The broker's reason, when ``exc`` is a refusal of the message rather than the broker failing."""
     code = getattr(exc, "reply_code", None) or getattr(exc, "code", None)

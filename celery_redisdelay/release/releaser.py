@@ -29,7 +29,7 @@ from ..message.stored import BatchCall, decode_stored
 from ..producer.batch import BatchedTask
 from ..producer.task import DelayedTask
 from ..store.meta import CallMeta, Limits
-from .confirms import CallRefused, ConfirmingPublisher, refusal, speaks_amqp
+from .confirms import CallRefused, ConfirmingPublisher, refusal
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -162,6 +162,7 @@ class Releaser:
         in_script: bool = True,
         send_task: SendTask | None = None,
         unacked: tuple[str, str] | tuple[()] = (),
+        confirms: bool = False,
     ) -> None:
         self.app = app
         self.store = store
@@ -179,7 +180,8 @@ class Releaser:
         #: leaves them, so kombu does not restore it too, and a call popped by a worker that died before it
         #: held the call is swept a lease later (sweep.lua).
         self.unacked = unacked
-        self._confirms: bool | None = None  # see the property
+        #: Whether releases wait for the broker's confirm (an AMQP broker: see :mod:`.confirms`).
+        self.confirms = confirms and lists is None
 
     # Each step is one bounded script call and says whether more may be left.
 
@@ -292,13 +294,6 @@ class Releaser:
             if published:
                 self.store.confirm(published, round(self.settings.queue_timeout * 1000))
         return len(published)
-
-    @property
-    def confirms(self) -> bool:
-        """Whether releases wait for the broker's confirm (an AMQP broker: see :mod:`.confirms`)."""
-        if self._confirms is None:
-            self._confirms = self.lists is None and speaks_amqp(self.app)
-        return self._confirms
 
     def _publish_confirmed(
         self, calls: list[Claimed], report: TickReport, published: list[str], handled: set[str]
@@ -425,6 +420,7 @@ class Releasers:
                 in_script=depot.fast_release,
                 send_task=self.send_task,
                 unacked=depot.broker_layout.unacked_keys() if depot.fast_release else (),
+                confirms=depot.amqp_broker,
             )
             self._made[store.keys.tag] = made
         return made

@@ -111,6 +111,14 @@ class Depot:
         return shared
 
     @cached_property
+    def amqp_broker(self) -> bool:
+        """Whether the app's broker speaks AMQP (RabbitMQ, through py-amqp or librabbitmq), found without connecting.
+        Such a broker puts back at once what a consumer whose channel closed had not acknowledged
+        (worker/stale.py), and confirms each publish when asked (release/confirms.py)."""
+        with self.app.connection_for_write() as connection:
+            return str(getattr(connection.transport, "driver_type", "")) == "amqp"
+
+    @cached_property
     def wire_format(self) -> bool:
         """Whether parked calls are stored as the broker message itself: whenever the broker is a Redis
         (unless ``redisdelay_fast_release`` is False). Where the store is not the broker's server (a

@@ -65,9 +65,14 @@ class StaleDeliveries:
             return False  # not a delivery of a parked call
         retries = headers.get("retries")
         attempt = retries if isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0 else None
+        # An AMQP broker redelivers a message only once the channel it was delivered on closed: whoever held it then
+        # can no longer acknowledge it, and its lease is no reason to wait (the store's own redeliveries say so in a
+        # header, not in delivery_info).
+        info = getattr(message, "delivery_info", None) or {}
+        asking = "" if info.get("redelivered") and self.depot.amqp_broker else self.hostname
         try:
             current = self.depot.shards.first(
-                str(call_id), lambda store: store.current(str(call_id), number, self.hostname, attempt)
+                str(call_id), lambda store: store.current(str(call_id), number, asking, attempt)
             )
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not check redelivered call %s; it runs: %s", call_id, exc)
