@@ -21,6 +21,7 @@ import redis
 from celery import chain, chord, group
 from kombu import Connection
 
+from celery_redisdelay.operations.pausing import PauseError
 from celery_redisdelay.testing import CeleryProcess, RedisServer, wait_for, worker
 from celery_redisdelay.testing.rabbitmq import INSTALL_HINT, RabbitMQServer, RabbitMQUnavailable
 from tests.conftest import ROOT
@@ -297,3 +298,30 @@ def test_a_killed_workers_calls_follow_the_delivery_contract(setup: RabbitSetup)
         assert entry is not None and "worker" in entry.meta["why"], entry
         assert len(setup.runs(f"{key}:started")) == 1
     assert len(setup.runs(f"{key}:held")) == 3
+
+
+def test_pause_and_cancel(setup: RabbitSetup) -> None:
+    """A task pause holds its calls back on RabbitMQ as on Redis, and a cancelled call is never released. A queue
+    pause is refused, saying why: a queue's calls are known by their Redis lists, which RabbitMQ has not."""
+    tag = uuid.uuid4().hex[:8]
+    queue = f"paused-{tag}"
+    proj = setup.proj(REDISDELAY_TEST_QUEUE=queue, REDISDELAY_TEST_PREFIX=f"paused-{tag}")
+    with Connection(setup.rabbit.url) as connection:
+        proj.app.amqp.queues[queue](connection.default_channel).declare()
+    key = f"paused-{tag}"
+    with pytest.raises(PauseError, match="pausing a queue needs a Redis broker"):
+        proj.rd.pause(queue=queue, reason="test")
+    assert proj.rd.paused() == []
+    proj.rd.pause(task=proj.record_delayed.name, reason="test")
+    by_task = proj.record_delayed.apply_async((key, "task"), countdown=0.1)
+    cancelled = proj.record.apply_async((key, "cancelled"), countdown=0.1)
+    assert proj.rd.cancel(cancelled.id)
+    wait_for(lambda: proj.rd.releasers.tick() is not None and proj.rd.stats()["paused"] == 1, 10, "the pause")
+    with Connection(setup.rabbit.url) as connection:
+        assert setup.rabbit.queue_depth(connection, queue) == 0
+    proj.rd.resume(task=proj.record_delayed.name)
+    wait_for(lambda: tick_released_all(proj) and proj.rd.stats()["paused"] == 0, 10, "the release")
+    with Connection(setup.rabbit.url) as connection:
+        assert setup.rabbit.queue_depth(connection, queue) == 1
+    assert proj.rd.find(by_task.id).state == "inflight"  # type: ignore[union-attr]
+    assert proj.rd.find(cancelled.id) is None

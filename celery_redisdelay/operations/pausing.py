@@ -91,6 +91,13 @@ def pause(depot: Depot, task: Any = None, queue: Any = None, seconds: Any = None
     kind, name = check_target(task, queue)
     duration_ms = None if seconds is None else max(1, round(parse_duration(seconds) * 1000))
     why = check_reason(reason)
+    if kind == "queue" and not depot.wire_format:
+        # A queue's calls are known by the broker lists they go to, which only a Redis broker has (each call
+        # names its list in the store); elsewhere (RabbitMQ) such a pause would hold nothing back.
+        raise PauseError(
+            f"cannot pause queue {name!r}: pausing a queue needs a Redis broker, and this app's broker is "
+            f"{depot.app.connection_for_write().transport_cls!r}; pause its tasks instead (task=...)"
+        )
     lists = queue_lists(depot, name) if kind == "queue" else []
     since = until = None
     for store in depot.shards.all():
