@@ -49,6 +49,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_expires=600,
 )
+if os.environ.get("REDISDELAY_TEST_CLAIM_TIMEOUT"):
+    app.conf.redisdelay_claim_timeout = float(os.environ["REDISDELAY_TEST_CLAIM_TIMEOUT"])
 if os.environ.get("REDISDELAY_TEST_QUEUE_TIMEOUT"):
     app.conf.redisdelay_queue_timeout = float(os.environ["REDISDELAY_TEST_QUEUE_TIMEOUT"])
 rd = RedisDelay(app)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -353,3 +354,38 @@ def test_a_broker_restart_during_the_release_loses_nothing(setup: RabbitSetup, r
     if setup.env["REDISDELAY_TEST_ACKS_LATE"] != "1":
         assert duplicates == 0
     assert proj.rd.stats()["dead"] == 0
+
+
+def test_a_memory_alarm_longer_than_the_claim_timeout_runs_each_call_once(
+    setup: RabbitSetup, rabbitmq: RabbitMQServer
+) -> None:
+    """RabbitMQ's memory alarm blocks every publish for three times the claim timeout, while two workers release:
+    a release stuck in a blocked publish must not let the other worker publish the same calls as the same delivery.
+    When the alarm clears every call runs, each once."""
+    tag = uuid.uuid4().hex[:8]
+    overrides = {
+        "REDISDELAY_TEST_QUEUE": f"alarm-{tag}",
+        "REDISDELAY_TEST_PREFIX": f"alarm-{tag}",
+        "REDISDELAY_TEST_CLAIM_TIMEOUT": "3",
+    }
+    proj = setup.proj(**overrides)
+    for _ in range(2):
+        setup.start_worker(**overrides)
+    key = f"alarm-{tag}"
+    rabbitmq.ctl("set_vm_memory_high_watermark", "0.000001")
+    try:
+        calls = [proj.record.apply_async((key, i), countdown=0.2) for i in range(20)]
+        wait_for(lambda: proj.rd.stats()["delayed"] < len(calls), 20, "a release to begin")
+        time.sleep(9)  # the alarm outlasts the claim timeout (3 s) three times: nothing to wait for but time
+        assert setup.runs(key) == [], "the alarm blocks every publish"
+    finally:
+        rabbitmq.ctl("set_vm_memory_high_watermark", "0.4")
+    try:
+        setup.wait_runs(key, len(calls), timeout=60)
+        wait_for(lambda: proj.rd.stats()["inflight"] == 0 and proj.rd.stats()["delayed"] == 0, 60, "the store empty")
+    except TimeoutError:
+        print(proj.rd.stats(), setup.logs())
+        raise
+    runs = [run["value"] for run in setup.runs(key)]
+    assert sorted(set(runs)) == list(range(len(calls)))
+    assert len(runs) == len(calls), f"{len(runs) - len(calls)} duplicate run(s)"

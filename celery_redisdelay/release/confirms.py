@@ -12,8 +12,11 @@ On an AMQP broker the release therefore publishes on a connection of its own wit
 - a call the broker refuses for what the call itself asks (:data:`REFUSALS`: no such exchange, unroutable, not
   allowed, too large) is dead-lettered with the broker's reason, and the release of the others goes on, on a
   new channel where the refusal closed the old one;
-- anything else the broker says (a ``nack``, a closed connection, a blocked publish past its timeout) is the
-  broker failing: the calls not confirmed go back to the store (:class:`~.releaser.Releaser`).
+- anything else the broker says (a ``nack``, a closed connection, a publish blocked past its confirm timeout,
+  half the claim timeout) is the broker failing: the calls not yet published go back to the store
+  (:class:`~.releaser.Releaser`). The call whose confirm never came counts as delivered: the broker may hold it
+  (a memory alarm blocks a publish, it does not refuse it), and another releaser must not publish it again as the
+  same delivery once the claim times out; should it be lost, the sweep delivers it again after the queue timeout.
 
 Each publish waits for its confirm: a round trip per call (bench ``release_amqp`` measures what it costs against
 Celery's own ``send_task`` to the same server).
@@ -49,10 +52,20 @@ def refusal(exc: BaseException) -> str | None:
 
 
 class MandatoryProducer(Producer):  # type: ignore[misc]  # kombu is untyped
-    """A producer whose every publish is ``mandatory``: the broker returns what no queue takes."""
+    """A producer whose every publish is ``mandatory`` (the broker returns what no queue takes), waits at most
+    ``confirm_timeout`` seconds for the broker's confirm, and is never retried by kombu: a publish that timed out
+    may still reach the queue (a blocked connection's frames wait in its socket), and kombu's retry would write
+    the same delivery again on a new connection (the call's ``retry_policy`` then sent it up to four times). The
+    release decides instead: it gives back the calls not sent, and counts the one in doubt as delivered (see
+    :meth:`~.releaser.Releaser._publish_confirmed`)."""
+
+    confirm_timeout: float | None = None
 
     def publish(self, body: Any, *args: Any, **kwargs: Any) -> Any:
         kwargs["mandatory"] = True
+        kwargs["retry"] = False
+        if kwargs.get("timeout") is None:
+            kwargs["timeout"] = self.confirm_timeout  # py-amqp waits this long for the confirm (kombu < 5.4 too)
         return super().publish(body, *args, **kwargs)
 
 
@@ -64,8 +77,9 @@ class ConfirmingPublisher:
     refusal that closed the old one.
     """
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, confirm_timeout: float) -> None:
         self.app = app
+        self.confirm_timeout = confirm_timeout
         self.connection: Any = None
         self.producer: Any = None
         self.returned: dict[str, str] = {}  # call id -> the broker's reason
@@ -73,13 +87,19 @@ class ConfirmingPublisher:
     def __enter__(self) -> ConfirmingPublisher:
         self.connection = self.app.connection_for_write(transport_options={"confirm_publish": True})
         self.producer = MandatoryProducer(self.connection.default_channel, on_return=self._on_return)
+        self.producer.confirm_timeout = self.confirm_timeout
         return self
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
     ) -> None:
         if self.connection is not None:
-            self.connection.release()
+            if exc is None:
+                self.connection.release()
+            else:
+                # Not a polite close: a broker that blocks publishers (its memory alarm) reads nothing more from
+                # this connection, and would never answer it.
+                self.connection.collect()
             self.connection = None
 
     def _on_return(self, exc: BaseException, exchange: str, routing_key: str, message: Any) -> None:

@@ -303,7 +303,7 @@ class Releaser:
         left unknown (the broker may have taken it) counts as published: should it be lost, the sweep delivers it
         again after the queue timeout, as a later delivery; sent again now as the same delivery, both copies could
         run."""
-        with ConfirmingPublisher(self.app) as publisher:
+        with ConfirmingPublisher(self.app, self.settings.claim_timeout / 2) as publisher:
             fatal = broker_errors(publisher.producer)
             for call in calls:
                 try:
