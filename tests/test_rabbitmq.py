@@ -19,8 +19,8 @@ from typing import Any
 import celery
 import pytest
 import redis
-from celery import chain, chord, group
-from kombu import Connection
+from celery import Celery, chain, chord, group
+from kombu import Connection, Exchange, Queue
 
 from celery_redisdelay.operations.pausing import PauseError
 from celery_redisdelay.testing import CeleryProcess, RedisServer, wait_for, worker
@@ -80,9 +80,13 @@ class RabbitSetup:
         return importlib.import_module("tests.rabbit_proj")
 
     def start_worker(self, concurrency: int = 2, **overrides: str) -> CeleryProcess:
-        name = f"-n=rabbit{len(self.workers)}-{uuid.uuid4().hex[:6]}@%h"  # RabbitMQ refuses two of one name
+        name = f"rabbit{len(self.workers)}-{uuid.uuid4().hex[:6]}@%h"  # RabbitMQ refuses two of one name
         process = worker(
-            "tests.rabbit_proj", concurrency=concurrency, env={**self.env, **overrides}, cwd=str(ROOT), extra=[name]
+            "tests.rabbit_proj",
+            concurrency=concurrency,
+            env={**self.env, **overrides},
+            cwd=str(ROOT),
+            extra=["-n", name],
         ).start()
         self.workers.append(process)
         wait_for(lambda: "ready." in process.output() or process.process.poll() is not None, 90, "a worker")  # type: ignore[union-attr]
@@ -389,3 +393,25 @@ def test_a_memory_alarm_longer_than_the_claim_timeout_runs_each_call_once(
     runs = [run["value"] for run in setup.runs(key)]
     assert sorted(set(runs)) == list(range(len(calls)))
     assert len(runs) == len(calls), f"{len(runs) - len(calls)} duplicate run(s)"
+
+
+def test_an_eta_message_from_a_producer_without_the_extension_is_parked(setup: RabbitSetup, running: Any) -> None:
+    """``park_received`` (on with ``redisdelay_all_tasks``): an eta message sent by an app without the extension is
+    parked by the worker that receives it, not held in its memory, and runs once, on time."""
+    plain = Celery("plain", broker=setup.rabbit.url, set_as_current=False)
+    queue = running.app.amqp.queues[setup.env["REDISDELAY_TEST_QUEUE"]]
+    plain.conf.task_queues = [
+        Queue(queue.name, Exchange(queue.name), queue.name, queue_arguments=queue.queue_arguments)
+    ]
+    plain.conf.task_default_queue = queue.name
+    key = f"received-{uuid.uuid4().hex[:6]}"
+    eta = datetime.now(UTC) + timedelta(seconds=3)
+    try:
+        sent = plain.send_task("tests.rabbit_proj.record", (key, "received"), eta=eta)
+        wait_for(lambda: (entry := running.rd.find(sent.id)) is not None and entry.state == "delayed", 20, "parked")
+        runs = setup.wait_runs(key, 1, timeout=30)
+    finally:
+        plain.close()
+    assert runs[0]["id"] == sent.id
+    assert runs[0]["ms"] >= eta.timestamp() * 1000 - 5
+    assert len(setup.runs(key)) == 1

@@ -154,3 +154,25 @@ def test_a_copy_of_a_call_another_worker_holds_under_a_live_lease_is_stale(rd: R
     assert rd.store.current("held", 1), "a worker that does not say who it is: as before"
     client.zadd(rd.keys.inflight, {"held": 0})  # w1's lease ran out, the sweep has not run yet
     assert rd.store.current("held", 1, "w2")
+
+
+def test_a_step_that_fails_leaves_the_message_to_celery(caplog: pytest.LogCaptureFixture) -> None:
+    """A defect in one of our message handler steps must not lose the message: Celery's consumer would drop it
+    unacknowledged and say nothing (found on RabbitMQ, where a received eta message's body is text)."""
+    from celery_redisdelay.worker import strategies
+
+    handled: list[Any] = []
+    acked: list[Any] = []
+
+    class Task:
+        Strategy = staticmethod(lambda task, app, consumer, **options: lambda *args, **kw: handled.append(args[0]))
+
+    def broken(message: Any) -> bool:
+        raise TypeError("a defect")
+
+    tasks = {"t": Task()}
+    assert strategies.wrap(tasks, "_test_marker", lambda task: broken) == 1
+    handler = tasks["t"].Strategy(tasks["t"], None, type("Consumer", (), {"connection_errors": ()})())
+    handler("message", "body", lambda *args: acked.append(args), None, None)
+    assert handled == ["message"] and acked == []
+    assert "a message handler step failed" in caplog.text

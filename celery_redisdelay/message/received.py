@@ -37,9 +37,12 @@ def envelope_of(message: Any) -> Envelope:
     info = message.delivery_info or {}
     properties = message.properties or {}
     exchange, routing_key = str(info.get("exchange") or ""), str(info.get("routing_key") or "")
+    body = message.body
+    if isinstance(body, str):  # py-amqp decodes a body whose content encoding it knows
+        body = body.encode(message.content_encoding or "utf-8")
     envelope = Envelope(
         task=str(message.headers.get("task", "?")),
-        body=bytes(message.body),
+        body=bytes(body),
         content_type=message.content_type,
         content_encoding=message.content_encoding,
         headers=dict(message.headers),

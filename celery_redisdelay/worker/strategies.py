@@ -3,7 +3,8 @@
 Celery makes each task's handler from its ``Strategy`` when the consumer starts. :func:`wrap` puts a step in
 front of it for the tasks it is given a step for: the step sees each message first and says whether it took
 it (parked it, or dropped it as stale); a taken message is acknowledged as Celery's request acknowledges
-one, and Celery never sees it. Every other message goes to Celery's handler unchanged. Each kind of step
+one, and Celery never sees it. Every other message goes to Celery's handler unchanged, and so does one a step
+failed on (logged): Celery's consumer would drop it without a word, unacknowledged. Each kind of step
 wraps a task once (``marker``), so a worker's consumer restarting does not wrap it again.
 """
 
@@ -40,7 +41,12 @@ def _strategy(task: Any, app: Any, consumer: Any, *, step: Step, original: Any, 
     handle: Callable[..., Any] = instantiate(original, task, app, consumer, **options)
 
     def handler(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **more: Any) -> Any:
-        if step(message):
+        try:
+            took = step(message)
+        except Exception:  # a step's own defect must not lose the message: Celery's handler has it, as without us
+            logger.exception("redisdelay: a message handler step failed on message %r; Celery handles it", message)
+            took = False
+        if took:
             ack(logger, consumer.connection_errors)  # as Celery's request acknowledges
             return None
         return handle(message, body, ack, reject, callbacks, **more)
