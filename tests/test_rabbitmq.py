@@ -415,3 +415,46 @@ def test_an_eta_message_from_a_producer_without_the_extension_is_parked(setup: R
     assert runs[0]["id"] == sent.id
     assert runs[0]["ms"] >= eta.timestamp() * 1000 - 5
     assert len(setup.runs(key)) == 1
+
+
+def test_a_countdown_longer_than_the_consumer_timeout_closes_no_channel(redis_server: RedisServer) -> None:
+    """celery#6760: a Celery worker holds an eta message unacknowledged until its eta, and RabbitMQ closes the
+    channel of a consumer that holds one longer than ``consumer_timeout`` (PRECONDITION_FAILED; 30 minutes by
+    default). A node with a 3 s timeout, checked each second: plain Celery's worker loses its channel over a 12 s
+    countdown; with the extension the call waits in Redis, no channel is closed, and it runs on time."""
+    try:
+        rabbit = RabbitMQServer(["consumer_timeout = 3000"], erl_args="-rabbit channel_tick_interval 1000")
+    except RabbitMQUnavailable:
+        pytest.skip(f"RabbitMQ is not installed ({INSTALL_HINT})")
+    rabbit.start()
+    made = RabbitSetup(redis_server, rabbit, "classic", False)
+    plain: CeleryProcess | None = None
+    try:
+        proj = made.proj()
+        made.start_worker()
+        plain_queue = f"plain-{uuid.uuid4().hex[:8]}"
+        plain_env = {**made.env, "REDISDELAY_TEST_QUEUE": plain_queue}
+        plain = worker("tests.rabbit_plain_proj", env=plain_env, cwd=str(ROOT), extra=["-n", f"{plain_queue}@%h"])
+        plain.start()
+        wait_for(lambda: "ready." in plain.output(), 90, "the plain worker")  # type: ignore[union-attr]
+        key = f"timeout-{uuid.uuid4().hex[:6]}"
+        sent = proj.server_ms()
+        ours = proj.record.apply_async((f"{key}:ours", 1), countdown=12)
+        sender = Celery("sender", broker=rabbit.url, set_as_current=False)  # without the extension
+        sender.conf.task_queues = [Queue(plain_queue, Exchange(plain_queue), plain_queue, durable=True)]
+        sender.send_task("tests.rabbit_proj.record", (f"{key}:plain", 1), countdown=12, queue=plain_queue)
+        sender.close()
+        runs = made.wait_runs(f"{key}:ours", 1, timeout=40)
+        assert runs[0]["id"] == ours.id and runs[0]["ms"] >= sent + 12_000
+        closed = "caused a channel exception precondition_failed: delivery acknowledgement"
+        wait_for(lambda: "PRECONDITION_FAILED" in plain.output(), 30, "plain Celery's channel to be closed")  # type: ignore[union-attr]
+        log = rabbit.log_path.read_text()
+        assert log.count(closed) == 1, "one channel closed: plain Celery's"
+        assert "PRECONDITION_FAILED" not in made.logs()
+        print(f"plain Celery's call: {made.marks.lrange(f'{key}:plain', 0, -1)} run(s) when its channel closed")
+    finally:
+        if plain is not None:
+            plain.stop()
+            plain.remove_files()
+        made.stop()
+        rabbit.stop()

@@ -38,13 +38,16 @@ def available() -> bool:
 class RabbitMQServer:
     """A RabbitMQ node on a free loopback port, its data in a directory of its own.
 
-    ``config`` lines are added to its ``rabbitmq.conf`` (``consumer_timeout = 60000``). ``start()`` waits until the
+    ``config`` lines are added to its ``rabbitmq.conf`` (``consumer_timeout = 60000``), ``erl_args`` to its Erlang
+    command line (settings ``rabbitmq.conf`` has no key for, ``-rabbit channel_tick_interval 1000``). ``start()`` waits until the
     AMQP port answers and keeps how long it took in ``startup_seconds`` (Erlang starts slowly: seconds, not the
     milliseconds of redis-server). ``restart()`` stops the node and starts it again on the same ports and data:
     durable queues and their persistent messages survive it. ``ctl(...)`` runs ``rabbitmqctl`` against it.
     """
 
-    def __init__(self, config: list[str] | None = None, directory: str | Path | None = None) -> None:
+    def __init__(
+        self, config: list[str] | None = None, directory: str | Path | None = None, *, erl_args: str = ""
+    ) -> None:
         if not available():
             raise RabbitMQUnavailable(f"no RabbitMQ server on this machine: {INSTALL_HINT}")
         self.dir = Path(directory or tempfile.mkdtemp(prefix="redisdelay-rabbitmq-"))
@@ -53,6 +56,7 @@ class RabbitMQServer:
         self.epmd_port = free_port()
         self.node = f"redisdelay{self.port}@localhost"
         self.config = list(config or [])
+        self.erl_args = erl_args  # added to the node's Erlang arguments (application settings: -rabbit name value)
         self.log_path = self.dir / "rabbitmq.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.epmd: subprocess.Popen[bytes] | None = None
@@ -82,6 +86,7 @@ class RabbitMQServer:
             "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
             "RABBITMQ_LOGS": "-",
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": self.erl_args,
         }
 
     def _write_config(self) -> None:
