@@ -39,10 +39,11 @@ class RabbitMQServer:
     """A RabbitMQ node on a free loopback port, its data in a directory of its own.
 
     ``config`` lines are added to its ``rabbitmq.conf`` (``consumer_timeout = 60000``), ``erl_args`` to its Erlang
-    command line (settings ``rabbitmq.conf`` has no key for, ``-rabbit channel_tick_interval 1000``). ``start()`` waits until the
-    AMQP port answers and keeps how long it took in ``startup_seconds`` (Erlang starts slowly: seconds, not the
-    milliseconds of redis-server). ``restart()`` stops the node and starts it again on the same ports and data:
-    durable queues and their persistent messages survive it. ``ctl(...)`` runs ``rabbitmqctl`` against it.
+    command line (settings ``rabbitmq.conf`` has no key for, ``-rabbit channel_tick_interval 1000``). ``start()``
+    waits until the AMQP port answers and keeps how long it took in ``startup_seconds`` (Erlang starts slowly:
+    seconds, not the milliseconds of redis-server). ``restart()`` stops the node and starts it again on the same
+    ports and data: durable queues and their persistent messages survive it. ``ctl(...)`` runs ``rabbitmqctl``
+    against it.
     """
 
     def __init__(
