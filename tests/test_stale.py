@@ -156,6 +156,18 @@ def test_a_copy_of_a_call_another_worker_holds_under_a_live_lease_is_stale(rd: R
     assert rd.store.current("held", 1, "w2")
 
 
+def test_a_copy_the_broker_redelivered_leaves_the_holder(rd: RedisDelay, client: redis.Redis) -> None:
+    """RabbitMQ redelivers a message only once the channel it went out on closed: the holder can no longer
+    acknowledge it. Such a copy is current despite the holder's live lease, and the call leaves the holder, so that
+    the receiving worker's lease takes it at once (else the sweep would deliver it again a lease later)."""
+    in_flight(rd, "requeued")
+    assert rd.store.lease("w1", 60_000, [("requeued", "7")], 1) == []
+    assert not rd.store.current("requeued", 1, "w2"), "a copy of kombu's restore: w1 holds it"
+    assert rd.store.current("requeued", 1, "w2", by_broker=True)
+    assert rd.store.lease("w2", 60_000, [("requeued", "3")], -1) == [], "w2's lease takes it"
+    assert not rd.store.current("requeued", 1, "w3"), "w2 holds it now"
+
+
 def test_a_step_that_fails_leaves_the_message_to_celery(caplog: pytest.LogCaptureFixture) -> None:
     """A defect in one of our message handler steps must not lose the message: Celery's consumer would drop it
     unacknowledged and say nothing (found on RabbitMQ, where a received eta message's body is text)."""

@@ -336,16 +336,20 @@ class CallStore:
             raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, not {outcome!r}")
         return bool(self._run("ack", [call_id, outcome], f"acknowledge call {call_id}"))
 
-    def current(self, call_id: str, delivery: int, worker: str = "", retries: int | None = None) -> bool:
+    def current(
+        self, call_id: str, delivery: int, worker: str = "", retries: int | None = None, *, by_broker: bool = False
+    ) -> bool:
         """Whether delivery number ``delivery`` of a call, received again by ``worker``, is its current one (see
         ``delivery.lua``): False when a later delivery was made, another worker holds the call under a live
         lease, the message's ``retries`` header is not the stored message's (an earlier attempt's copy), or the
-        call no longer waits for this one."""
+        call no longer waits for this one. ``by_broker``: an AMQP broker redelivered it itself (the holder's channel
+        closed): another worker's lease does not make it stale, and the call leaves that worker."""
         if delivery < 1:
             raise ValueError(f"a delivery number is 1 or more, not {delivery!r}")
         attempt = "" if retries is None else retries
+        flag = "1" if by_broker else ""
         return bool(
-            self._run("delivery", [call_id, delivery, worker, attempt], f"check the delivery of call {call_id}")
+            self._run("delivery", [call_id, delivery, worker, attempt, flag], f"check the delivery of call {call_id}")
         )
 
     def track(

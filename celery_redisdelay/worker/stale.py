@@ -67,12 +67,13 @@ class StaleDeliveries:
         attempt = retries if isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0 else None
         # An AMQP broker redelivers a message only once the channel it was delivered on closed: whoever held it then
         # can no longer acknowledge it, and its lease is no reason to wait (the store's own redeliveries say so in a
-        # header, not in delivery_info).
+        # header, not in delivery_info). The call leaves that worker, for this one's lease to take.
         info = getattr(message, "delivery_info", None) or {}
-        asking = "" if info.get("redelivered") and self.depot.amqp_broker else self.hostname
+        by_broker = bool(info.get("redelivered")) and self.depot.amqp_broker
         try:
             current = self.depot.shards.first(
-                str(call_id), lambda store: store.current(str(call_id), number, asking, attempt)
+                str(call_id),
+                lambda store: store.current(str(call_id), number, self.hostname, attempt, by_broker=by_broker),
             )
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not check redelivered call %s; it runs: %s", call_id, exc)

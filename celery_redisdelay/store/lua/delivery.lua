@@ -9,8 +9,13 @@
 -- A retry (self.retry) parks the call again under its id, and its deliveries count from 1 again: a copy of an earlier
 -- attempt's message (kombu restores those of a dropped connection) would pass for the retry's own delivery of the
 -- same number. Its Celery 'retries' header tells them apart: it must be the stored message's.
--- ARGV: 1 id, 2 the delivery's number (its tag '<id>.<n>', or 1 + its x-delivery-count header), 3 the worker
--- asking ('' when not said), 4 the message's 'retries' header ('' when it has none)
+-- An AMQP broker (RabbitMQ) redelivers a message itself only once the channel it went out on closed: whoever held the
+-- call can no longer acknowledge that delivery. Such a copy (ARGV[5] '1') is not stale for the holder's lease, and
+-- the call leaves its holder, so that the lease of the worker that received the copy takes it at once; else the
+-- sweep would deliver the call again when the old lease ran out, while the copy waited in the new worker's prefetch.
+-- ARGV: 1 id, 2 the delivery's number (its tag '<id>.<n>', or its x-redisdelay-delivery header), 3 the worker
+-- asking ('' when not said), 4 the message's 'retries' header ('' when it has none), 5 '1' when the broker itself
+-- redelivered the message (AMQP), else '' or absent
 -- Returns: 1 current: the call is in flight, no later delivery was made and no other worker holds it under a
 -- live lease, or the sweep put this delivery's call back and has not delivered it again yet (the start takes it
 -- back); 0 stale: a later delivery was made, another worker holds it, the message is of another attempt, or the
@@ -37,6 +42,13 @@ if deadline then
         return 0
     end
     local holder = meta.h
+    if ARGV[5] == '1' then
+        if type(holder) == 'string' and holder ~= worker then
+            meta.h, meta.g = nil, nil
+            save_meta(id, meta)
+        end
+        return 1
+    end
     return (type(holder) == 'string' and worker ~= '' and holder ~= worker and tonumber(deadline) >= now_ms()) and 0 or 1
 end
 local meta = load_meta(id)
