@@ -43,6 +43,8 @@ FIGURES = (
     "limits",
     "pause_fleet",
     "workers_releasing",
+    "release_rabbitmq",  # skipped, in a row saying so, without rabbitmq-server
+    "worker_memory_rabbitmq",
 )
 NOT_IMPLEMENTED = "not implemented"
 SKIPPED = "skipped"  # the cluster figure, on a redis-server older than 7.0 (no --cluster-port)

@@ -12,6 +12,7 @@ import redis
 from celery import Celery
 
 from celery_redisdelay import ConfigurationError, PayloadError, RedisDelay
+from celery_redisdelay.message.marks import RELEASED_HEADER
 from celery_redisdelay.message.stored import decode_stored
 
 MakeApp = Callable[..., tuple[Celery, RedisDelay]]
@@ -33,8 +34,8 @@ def released_messages(rd: RedisDelay, client: redis.Redis) -> dict[str, dict[str
 
 
 def normalized(message: dict[str, Any]) -> dict[str, Any]:
-    """A broker message without what differs from call to call: ids, delivery tag, expiry instant."""
-    headers = {k: v for k, v in message["headers"].items() if k not in ("id", "root_id")}
+    """A broker message without what differs from call to call: ids, delivery tag, expiry instant, release time."""
+    headers = {k: v for k, v in message["headers"].items() if k not in ("id", "root_id", RELEASED_HEADER)}
     skip = ("delivery_tag", "correlation_id")
     properties = {k: v for k, v in message["properties"].items() if k not in skip}
     return {**message, "headers": headers, "properties": properties}

@@ -16,7 +16,7 @@ from .lateness import lateness
 from .limits import limits
 from .park import park_bulk, park_single, send_due_now
 from .pause_fleet import pause_fleet
-from .rabbitmq import release_rabbitmq
+from .rabbitmq import release_rabbitmq, worker_memory_rabbitmq
 from .recovery import long_run, long_run_due_now, recovery, recovery_due_now
 from .redis_memory import redis_memory_per_call
 from .release import release
@@ -53,4 +53,5 @@ FIGURES: dict[str, Figure] = {
     "pause_fleet": pause_fleet,
     "workers_releasing": workers_releasing,
     "release_rabbitmq": release_rabbitmq,
+    "worker_memory_rabbitmq": worker_memory_rabbitmq,
 }

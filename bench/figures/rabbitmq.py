@@ -17,13 +17,17 @@ from celery import Celery
 from kombu import Connection
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.testing import CeleryProcess, wait_for
 from celery_redisdelay.testing.rabbitmq import INSTALL_HINT, RabbitMQServer, RabbitMQUnavailable
 
 from ..context import Context
+from ..processes import ROOT
 from ..report import SKIPPED, Row, ratio
+from .worker_memory import COUNTDOWN, settled_rss
 
 ROUNDS = 2
 SIZE, QUICK_SIZE = 5000, 500
+MEMORY_CALLS = 5000
 
 
 def _noop(i: int) -> int:
@@ -127,3 +131,86 @@ def release_rabbitmq(ctx: Context) -> dict[str, Any]:
         "rows": [row.as_dict() for row in rows],
         "details": {"calls": n, "rounds": ROUNDS, "startup_seconds": rabbit.startup_seconds},
     }
+
+
+def _settled_depth(rabbit: RabbitMQServer, connection: Any, queue: str, deadline: float) -> int:
+    """The messages left in ``queue`` once a worker stops taking them: none, or the same for 5 s (Celery raises its
+    prefetch one eta task at a time), or what is left at ``deadline`` seconds."""
+    began, seen, since = time.monotonic(), -1, time.monotonic()
+    while True:
+        depth = rabbit.queue_depth(connection, queue)
+        now = time.monotonic()
+        if depth != seen:
+            seen, since = depth, now
+        if depth == 0 or now - since >= 5 or now - began >= deadline:
+            return depth
+        time.sleep(0.5)
+
+
+def _solo_worker(ctx: Context, rabbit: RabbitMQServer, name: str, queue: str) -> CeleryProcess:
+    env = {"REDISDELAY_BENCH_URL": ctx.url, "REDISDELAY_BENCH_AMQP": rabbit.url, "PYTHONPATH": str(ROOT)}
+    argv = ["worker", "--loglevel=INFO", "--pool=solo", f"--hostname={name}@%h", f"--queues={queue}"]
+    argv += ["--without-gossip", "--without-mingle", "--without-heartbeat"]
+    process = CeleryProcess("bench.rabbit_app", argv, env, str(ROOT)).start()
+    wait_for(lambda: "ready." in process.output(), 90, f"worker {name}")
+    return process
+
+
+def worker_memory_rabbitmq(ctx: Context) -> dict[str, Any]:
+    """RSS growth of a solo worker on RabbitMQ with MEMORY_CALLS calls parked for an hour, against a plain worker
+    holding as many of Celery's countdown tasks (RabbitMQ hands them all over: Celery raises its prefetch for each
+    eta task it holds)."""
+    try:
+        rabbit = RabbitMQServer()
+    except RabbitMQUnavailable:
+        row = Row("worker RSS on RabbitMQ", SKIPPED, "MB", None, f"no RabbitMQ ({INSTALL_HINT})")
+        return {"rows": [row.as_dict()], "details": {}}
+    import os
+
+    from .. import rabbit_app
+
+    n = QUICK_SIZE if ctx.quick else MEMORY_CALLS
+    rabbit.start()
+    os.environ.update({"REDISDELAY_BENCH_AMQP": rabbit.url})
+    app = rabbit_app.app
+    app.conf.broker_url = rabbit.url
+    app.conf.redisdelay_url = f"{ctx.url}/0"
+    processes: list[CeleryProcess] = []
+    settle = 2.0 if ctx.quick else 5.0
+    try:
+        ours = _solo_worker(ctx, rabbit, "bench-rabbit-ours", rabbit_app.OURS_QUEUE)
+        processes.append(ours)
+        plain = _solo_worker(ctx, rabbit, "bench-rabbit-plain", rabbit_app.PLAIN_QUEUE)
+        processes.append(plain)
+        ours_idle = settled_rss(ours, minimum=settle, deadline=30)
+        rabbit_app.delayed_noop.park_many([(i,) for i in range(n)], countdown=COUNTDOWN)
+        ours_after = settled_rss(ours, minimum=settle, deadline=30)
+        plain_idle = settled_rss(plain, minimum=settle, deadline=30)
+        with app.producer_or_acquire() as producer:
+            for i in range(n):
+                rabbit_app.plain_noop.apply_async((i,), countdown=COUNTDOWN, producer=producer)
+        with Connection(rabbit.url) as connection:
+            left = _settled_depth(rabbit, connection, rabbit_app.PLAIN_QUEUE, deadline=180)
+        held = n - left
+        plain_after = settled_rss(plain, minimum=settle, deadline=120)
+        parked = rabbit_app.rd.stats()["delayed"]
+    finally:
+        for process in processes:
+            process.stop()
+            process.remove_files()
+        ctx.client.unlink(*rabbit_app.rd.keys.store_keys)
+        rabbit.stop()
+    ours_growth, plain_growth = ours_after - ours_idle, plain_after - plain_idle
+    ctx.say(
+        f"  ours: {ours_idle:.1f} -> {ours_after:.1f} MB with {parked:,} parked; plain Celery: {plain_idle:.1f} -> "
+        f"{plain_after:.1f} MB holding {held:,} of {n:,} countdown tasks (the rest still in the queue)"
+    )
+    row = Row(
+        f"worker RSS growth on RabbitMQ, {n:,} calls an hour away",
+        ours_growth,
+        "MB",
+        plain_growth,
+        f"Celery holding {held:,} of them (prefetched eta tasks)",
+        ratio(ours_growth, plain_growth),
+    )
+    return {"rows": [row.as_dict()], "details": {"calls": n, "parked": parked, "plain_held": held}}
