@@ -21,6 +21,7 @@ import pytest
 import redis
 from celery import Celery, chain, chord, group
 from kombu import Connection, Exchange, Queue
+from kombu.exceptions import OperationalError
 
 from celery_redisdelay.operations.pausing import PauseError
 from celery_redisdelay.testing import CeleryProcess, RedisServer, wait_for, worker
@@ -458,3 +459,32 @@ def test_a_countdown_longer_than_the_consumer_timeout_closes_no_channel(redis_se
             plain.remove_files()
         made.stop()
         rabbit.stop()
+
+
+def test_a_call_the_broker_nacks_goes_back_to_the_store(setup: RabbitSetup) -> None:
+    """RabbitMQ nacks a publish it did not take: here a queue full to its ``x-max-length`` with ``reject-publish``.
+    A nack is the broker failing, not the call: the call goes back to the store, due, for the next release; it is
+    not dead-lettered, nor counted delivered."""
+    tag = uuid.uuid4().hex[:8]
+    queue = f"full-{tag}"
+    proj = setup.proj(REDISDELAY_TEST_QUEUE=queue, REDISDELAY_TEST_PREFIX=f"full-{tag}")
+    with Connection(setup.rabbit.url) as connection:
+        arguments = {"x-max-length": 1, "x-overflow": "reject-publish"}
+        Queue(queue, Exchange(queue), queue, durable=True, queue_arguments=arguments)(
+            connection.default_channel
+        ).declare()
+    proj.app.amqp.queues[queue].queue_arguments = arguments  # the release declares it as it is
+    # Ids only: results of calls that never run, kept to the end, leave Celery's result consumer in this process
+    # retrying at teardown (and, here, CPython 3.11.7's compile() broken for the rest of the session).
+    ids = [proj.record.apply_async((f"full-{tag}", i), countdown=0.1).id for i in range(3)]
+    wait_for(lambda: proj.rd.stats()["due"] == 3, 10, "the calls to fall due")
+    try:
+        proj.rd.releasers.tick()
+    except OperationalError as exc:
+        refused = str(exc)
+    else:
+        refused = ""
+    assert "nack" in refused
+    stats = proj.rd.stats()
+    assert (stats["inflight"], stats["delayed"], stats["dead"]) == (1, 2, 0), stats
+    assert {proj.rd.find(call_id).state for call_id in ids} == {"inflight", "delayed"}  # type: ignore[union-attr]

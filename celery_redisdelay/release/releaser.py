@@ -317,12 +317,13 @@ class Releaser:
                         self._released_ms(),
                     )
                     publisher.check(call.id)
+                except MessageNacked as exc:  # the broker says it did not take it: a failure, the call goes back
+                    raise OperationalError(f"the broker did not take call {call.id} (nack)") from exc
                 except Exception as exc:
                     reason = str(exc) if isinstance(exc, (CallRefused, EnvelopeError)) else refusal(exc)
                     if reason is None and isinstance(exc, fatal):
-                        if not isinstance(exc, MessageNacked):
-                            published.append(call.id)  # the outcome is unknown (see above)
-                            handled.add(call.id)
+                        published.append(call.id)  # the outcome is unknown (see above)
+                        handled.add(call.id)
                         raise
                     if not isinstance(exc, (CallRefused, EnvelopeError)):
                         publisher.renew()  # the refusal closed the channel (or left it in doubt)
