@@ -168,6 +168,15 @@ def test_a_copy_the_broker_redelivered_leaves_the_holder(rd: RedisDelay, client:
     assert not rd.store.current("requeued", 1, "w3"), "w2 holds it now"
 
 
+def test_a_copy_the_broker_kept_of_a_run_started_at_most_once_is_stale(rd: RedisDelay) -> None:
+    """A task acknowledged early runs at most once past its start. A copy RabbitMQ redelivers of such a run comes
+    of an acknowledgement it lost (a broker restart): stale. Of a run that may run again (acks_late), current."""
+    for name, once in (("once", True), ("again", False)):
+        in_flight(rd, name)
+        assert rd.store.track([("start-once" if once else "start", name)], 60_000, 30_000, "w1") == []
+        assert rd.store.current(name, 1, "w2", by_broker=True) is not once, name
+
+
 def test_a_step_that_fails_leaves_the_message_to_celery(caplog: pytest.LogCaptureFixture) -> None:
     """A defect in one of our message handler steps must not lose the message: Celery's consumer would drop it
     unacknowledged and say nothing (found on RabbitMQ, where a received eta message's body is text)."""

@@ -13,6 +13,8 @@
 -- call can no longer acknowledge that delivery. Such a copy (ARGV[5] '1') is not stale for the holder's lease, and
 -- the call leaves its holder, so that the lease of the worker that received the copy takes it at once; else the
 -- sweep would deliver the call again when the old lease ran out, while the copy waited in the new worker's prefetch.
+-- But for a run started at most once (meta.c, Celery's early acknowledgement): the copy comes of an acknowledgement
+-- the broker lost, and is stale.
 -- ARGV: 1 id, 2 the delivery's number (its tag '<id>.<n>', or its x-redisdelay-delivery header), 3 the worker
 -- asking ('' when not said), 4 the message's 'retries' header ('' when it has none), 5 '1' when the broker itself
 -- redelivered the message (AMQP), else '' or absent
@@ -43,6 +45,12 @@ if deadline then
     end
     local holder = meta.h
     if ARGV[5] == '1' then
+        if meta.s == 'running' and meta.c then
+            -- The run started, and its task runs at most once past a start (Celery's early acknowledgement): the
+            -- broker kept the message because that acknowledgement was lost (a broker restart, a dropped
+            -- connection). Should the run be cut short, the sweep dead-letters it.
+            return 0
+        end
         if type(holder) == 'string' and holder ~= worker then
             meta.h, meta.g = nil, nil
             save_meta(id, meta)
