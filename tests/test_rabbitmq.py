@@ -69,6 +69,7 @@ class RabbitSetup:
         }
         self.rabbit = rabbit
         self.workers: list[CeleryProcess] = []
+        self.main: CeleryProcess | None = None  # the worker of the setup's own queue (the ``running`` fixture's)
         self.marks = redis.Redis.from_url(f"{redis_server.url}/2", decode_responses=True)
 
     def proj(self, **overrides: str) -> Any:
@@ -76,9 +77,18 @@ class RabbitSetup:
         import importlib
         import sys
 
-        os.environ.update({**self.env, **overrides})
-        sys.modules.pop("tests.rabbit_proj", None)
-        return importlib.import_module("tests.rabbit_proj")
+        wanted = {**self.env, **overrides}
+        before = {name: os.environ.get(name) for name in wanted}
+        os.environ.update(wanted)
+        try:
+            sys.modules.pop("tests.rabbit_proj", None)
+            return importlib.import_module("tests.rabbit_proj")
+        finally:  # the module has read them: they must not reach the workers that later tests start
+            for name, value in before.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def start_worker(self, concurrency: int = 2, **overrides: str) -> CeleryProcess:
         name = f"rabbit{len(self.workers)}-{uuid.uuid4().hex[:6]}@%h"  # RabbitMQ refuses two of one name
@@ -129,9 +139,10 @@ def setup(request: pytest.FixtureRequest, redis_server: RedisServer, rabbitmq: R
 
 @pytest.fixture
 def running(setup: RabbitSetup) -> Iterator[Any]:
-    """The setup's app in this process, with one worker running (started once per combination)."""
-    if not setup.workers:
-        setup.start_worker()
+    """The setup's app in this process, with a worker of its queue running (started once per combination; other
+    tests start workers of their own queues, and with xdist any of them may come first)."""
+    if setup.main is None:
+        setup.main = setup.start_worker()
     proj = setup.proj()
     yield proj
     if hasattr(pytest, "current_failed"):  # pragma: no cover
