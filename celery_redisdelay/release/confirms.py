@@ -18,7 +18,7 @@ On an AMQP broker the release therefore publishes on a connection of its own wit
   (a memory alarm blocks a publish, it does not refuse it), and another releaser must not publish it again as the
   same delivery once the claim times out; should it be lost, the sweep delivers it again after the queue timeout.
 
-Each publish waits for its confirm: a round trip per call (bench ``release_amqp`` measures what it costs against
+Each publish waits for its confirm: a round trip per call (bench ``release_rabbitmq`` measures what it costs against
 Celery's own ``send_task`` to the same server).
 """
 
