@@ -87,7 +87,8 @@ class RabbitMQServer:
             "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
             "RABBITMQ_LOGS": "-",
-            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": self.erl_args,
+            # Erlang's schedulers busy-wait by default, taking cores from the tests beside the node: not here.
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": f"+sbwt none +sbwtdcpu none +sbwtdio none {self.erl_args}".strip(),
         }
 
     def _write_config(self) -> None:
