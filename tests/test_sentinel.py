@@ -79,6 +79,36 @@ def test_the_store_follows_a_failover(sentinel: LocalSentinel, redis_server: Red
         app.close()
 
 
+def test_after_a_failover_the_parks_direct_connection_is_on_the_new_master(
+    sentinel: LocalSentinel, redis_server: RedisServer
+) -> None:
+    """The connection a thread keeps for its parks (store/evalsha.py), once the failover disconnected it, connects
+    again through the Sentinel: to the new master, not to the old one (now a replica, where every park would be
+    refused and made again on another connection)."""
+    app, rd = topology_proj.make_app(
+        {
+            "broker_url": f"{redis_server.url}/0",
+            "redisdelay_url": sentinel.sentinel_url,
+            "redisdelay_key_prefix": f"sd-{uuid.uuid4().hex[:6]}",
+            "task_default_queue": f"sd-queue-{uuid.uuid4().hex[:6]}",
+        },
+        name="sentinel-direct",
+    )
+    try:
+        echo = echo_on(rd)
+        echo.apply_async((0,), countdown=0)
+        direct = rd.depot.store._scripts._direct["park"].connections
+        assert direct.get().port == sentinel.master_port()
+        rd.client.wait(1, 5000)
+        new = sentinel.failover()
+        wait_for(lambda: _park_or_none(echo), 30, "a park on the new master")
+        for n in range(3):
+            echo.apply_async((n,), countdown=0)
+        assert direct.get().port == new
+    finally:
+        app.close()
+
+
 def _park_or_none(echo: Any) -> str | None:
     try:
         return str(echo.apply_async((0,), countdown=0).id)

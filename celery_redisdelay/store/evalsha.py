@@ -77,7 +77,13 @@ class Connections:
         lease: _Lease | None = getattr(self._local, "lease", None)
         if lease is None or lease.pid != os.getpid():
             lease = self._local.lease = _Lease(self.pool, self.pool.get_connection(*self._args))
-        return lease.connection
+        connection = lease.connection
+        if connection._sock is None:
+            # Disconnected (a failed call, a failover): connect as the pool's get_connection does, by the
+            # connection's own connect(). Sending would connect too, but redis-py 8 then skips a subclass's
+            # connect(): a Sentinel-managed connection would go back to the old master, now a replica.
+            connection.connect()
+        return connection
 
 
 class DirectScript:
