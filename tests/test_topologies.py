@@ -18,6 +18,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from celery_redisdelay.testing import kill_group, wait_for
+from celery_redisdelay.testing.capabilities import cluster_binary
 from celery_redisdelay.testing.topologies import (
     HOST,
     LocalCluster,
@@ -46,7 +47,7 @@ def once(port: int, **options: object) -> redis.Redis:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    yield from running(LocalCluster())
+    yield from running(LocalCluster(binary=cluster_binary()))
 
 
 @pytest.fixture
