@@ -1,9 +1,12 @@
 # The commands the README shows; each goes through dev.py, which needs nothing but Python.
-.PHONY: demo test test-lowest test-pythons pythons lint bench wheel-demo release-check docs celery-suite battle-valkey
+.PHONY: demo test test-slow test-lowest test-pythons pythons lint bench wheel-demo release-check docs celery-suite battle-valkey
 demo:
 	python3 dev.py demo
 test:
 	python3 dev.py test
+# The suite with the tests marked slow too (before a release).
+test-slow:
+	python3 dev.py test --slow
 test-lowest:
 	python3 dev.py test-lowest -m "not e2e"
 # The Redis-level tests on each supported Python but the one that runs dev.py (whose `make test` covers it).

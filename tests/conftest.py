@@ -43,10 +43,26 @@ def start_or_skip(topology: T) -> T:
         pytest.skip(str(exc))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow (python3 dev.py test --slow)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests marked slow (minutes each: the quick bench, the chaos runs, the pool variants of the conformance
+    suite, 10,000 adopted messages) are skipped unless ``--slow``, so that the README's test command fits CI."""
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: python3 dev.py test --slow runs it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     """Which server the session runs on, what it skips for want of a server feature or a program, and the one
     command that brings them: said once, at the top."""
-    return Machine.look().lines()
+    slow = [] if config.getoption("--slow") else ["slow tests: skipped (python3 dev.py test --slow runs them too)"]
+    return Machine.look().lines() + slow
 
 
 @pytest.fixture(scope="session")

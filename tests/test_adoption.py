@@ -413,6 +413,7 @@ def test_adopt_needs_a_redis_broker(make_app: MakeApp, redis_server: RedisServer
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # the same path as the worker tests above, at scale
 def test_ten_thousand_eta_messages_from_a_producer_without_the_extension(redis_server: RedisServer) -> None:
     # A service without the extension sends 10,000 calls with countdowns of 10 to 30 s. The worker parks them as
     # they arrive and holds nothing; it is SIGKILLed once half are parked, and a new one takes over. Every call

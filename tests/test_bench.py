@@ -55,6 +55,7 @@ def is_number(value: object) -> bool:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # python3 dev.py bench runs the benchmarks themselves
 @pytest.mark.timeout(BENCH_TIMEOUT + 30)
 def test_quick_bench_reports_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "results.json"

@@ -87,6 +87,7 @@ def run_chaos(tmp_path: Path, args: tuple[str, ...], timeout: float) -> tuple[in
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # CI's battle runs the same faults for three minutes
 @pytest.mark.timeout(CHAOS_TIMEOUT + 90)
 def test_chaos_run_loses_no_message(tmp_path: Path) -> None:
     status, output, report = run_chaos(tmp_path, CI_SIZE, CHAOS_TIMEOUT)
@@ -106,6 +107,7 @@ def test_chaos_run_loses_no_message(tmp_path: Path) -> None:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(SOAK_TIMEOUT + 90)
 def test_a_short_soak_loses_nothing_and_leaves_no_key(tmp_path: Path) -> None:
     status, output, report = run_chaos(tmp_path, CI_SOAK, SOAK_TIMEOUT)

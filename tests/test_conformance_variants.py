@@ -30,7 +30,13 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+#: The pool variants run with ``python3 dev.py test --slow``: tests/test_pools.py runs every feature under each pool.
+SLOW = {"threads", "gevent"}
+
+
+@pytest.mark.parametrize(
+    "variant", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW else name for name in VARIANTS]
+)
 def test_the_conformance_suite(variant: str) -> None:
     env = {**os.environ, **VARIANTS[variant], "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "tests/test_conformance.py"]
