@@ -16,6 +16,7 @@ from . import settings as settings_module
 from .errors import ConfigurationError, RedisDelayError, ScheduleError
 from .message import wire
 from .operations import checks, pausing
+from .operations import queues as queue_latency
 from .operations.listing import Scanner
 from .operations.validation import register_validation_tasks
 from .producer import batch
@@ -534,6 +535,13 @@ class RedisDelay:
         """What is paused: a dict per target with ``kind`` (task or queue), ``name``, ``since``, ``until`` (aware
         datetimes; until None: until resumed), ``reason`` and ``waiting`` (calls waiting on it in the store)."""
         return pausing.paused(self.depot)
+
+    def queues(self) -> dict[str, dict[str, Any]]:
+        """Per queue (those tasks route to, and those seen in the store): ``ready`` (in the broker's lists, priority
+        lists included), ``oldest_ready_seconds`` (since the oldest became ready: its release, not its due time),
+        ``in_flight``, ``paused``, ``held`` (by limits) and ``release_lag_p50_seconds``, ``release_lag_p99_seconds``
+        (all queues, the last 15 minutes). See :mod:`celery_redisdelay.operations.queues`."""
+        return queue_latency.queues(self.depot)
 
     def stats(self) -> dict[str, int]:
         """Counts of calls per state: ``delayed``, ``inflight``, ``dead``, plus ``due`` and ``inflight_expired``,

@@ -32,6 +32,7 @@ FIGURES = (
     "lateness",
     "redis_memory_per_call",
     "dashboard",
+    "exporter_scrape",
     "e2e_throughput",
     "e2e_due_now",
     "e2e_due_now_io",

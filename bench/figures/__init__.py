@@ -23,6 +23,7 @@ from .release import release
 from .release_cluster import release_cluster
 from .release_limited import release_limited
 from .release_paused import release_paused
+from .scrape import exporter_scrape
 from .worker_memory import worker_memory
 from .workers_releasing import workers_releasing
 
@@ -41,6 +42,7 @@ FIGURES: dict[str, Figure] = {
     "redis_memory_per_call": redis_memory_per_call,
     "release_cluster": release_cluster,
     "dashboard": dashboard,
+    "exporter_scrape": exporter_scrape,
     "e2e_throughput": e2e_throughput,
     "e2e_due_now": e2e_due_now,
     "e2e_due_now_io": e2e_due_now_io,

@@ -20,6 +20,7 @@ from .admin import worker_leases
 from .limits import LimitState, limit_states
 from .listing import server_ms
 from .pausing import paused
+from .queues import QueueFigures, queue_figures
 
 #: Running totals: counter field -> (metric name, help).
 TOTALS = {
@@ -134,6 +135,44 @@ def pause_metrics(ns: str, shot: Snapshot) -> Iterator[Any]:
     yield from (waiting, since)
 
 
+def queue_metrics(ns: str, figures: dict[str, QueueFigures]) -> Iterator[Any]:
+    """Per queue (:mod:`.queues`): calls ready in the broker's lists and the age of the oldest, calls in flight,
+    paused and held by limits; and the release lag's p50 and p99 over the last minutes, for all queues together
+    (the store counts lateness per bucket, not per queue)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    families = {
+        "ready": GaugeMetricFamily(
+            f"{ns}_queue_ready", "Calls ready in a queue's broker lists (priority lists included).", labels=["queue"]
+        ),
+        "oldest_ready_seconds": GaugeMetricFamily(
+            f"{ns}_queue_oldest_ready_seconds",
+            "Seconds since the oldest ready call of a queue became ready (its release, for a parked call); "
+            "absent when no ready message says when.",
+            labels=["queue"],
+        ),
+        "in_flight": GaugeMetricFamily(
+            f"{ns}_queue_in_flight", "Calls released to a queue and not finished (ready or running).", labels=["queue"]
+        ),
+        "paused": GaugeMetricFamily(f"{ns}_queue_paused", "Calls of a queue waiting on a pause.", labels=["queue"]),
+        "held": GaugeMetricFamily(f"{ns}_queue_held", "Due calls of a queue held back by limits.", labels=["queue"]),
+    }
+    for name, found in figures.items():
+        for field_name, family in families.items():
+            value = getattr(found, field_name)
+            if value is not None:
+                family.add_metric([name], value)
+    yield from families.values()
+    lag = next(iter(figures.values()), QueueFigures())  # the same for every queue
+    for quantile, value in (("p50", lag.release_lag_p50_seconds), ("p99", lag.release_lag_p99_seconds)):
+        if value is not None:
+            yield GaugeMetricFamily(
+                f"{ns}_release_lag_{quantile}_seconds",
+                f"The {quantile} of release lag (release time minus due time) over the last minutes, all queues.",
+                value=value,
+            )
+
+
 def oldest_release(releases: list[int | None]) -> float | None:
     """When every shard was last released (s): the oldest shard's time; None if one never was."""
     if not releases or None in releases:
@@ -193,6 +232,7 @@ class RedisDelayCollector:
         yield renewed
         yield from limit_metrics(ns, shot)
         yield from pause_metrics(ns, shot)
+        yield from queue_metrics(ns, queue_figures(self.depot))
         for field_name, (name, help_text) in TOTALS.items():
             yield CounterMetricFamily(f"{ns}_{name}", help_text, value=shot.totals[field_name])
         yield HistogramMetricFamily(

@@ -20,9 +20,8 @@ from ..extension import RedisDelay
 from ..operations.humanize import compact, deliveries, lock_text, relative, size_text, span
 from ..operations.listing import iso
 from ..operations.payloads import as_json
-from . import actions, views
+from . import actions, keda, overview, views
 from .board import ACTION_BUDGET, Dashboard
-from .overview import STATE_TITLES
 from .security import Guard, parse_auth
 
 
@@ -59,6 +58,7 @@ def create_app(
     app.after_request(guard.after_request)
     app.register_blueprint(views.blueprint)
     app.register_blueprint(actions.blueprint)
+    app.register_blueprint(keda.blueprint)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(RedisDelayError, _store_error)
     app.jinja_env.filters.update(
@@ -75,9 +75,10 @@ def create_app(
         csrf_token=lambda: guard.csrf_token,
         read_only=read_only,
         app_name=rd.app.main,
-        titles=STATE_TITLES,
+        titles=overview.STATE_TITLES,
         shards=rd.shards,
         paused_targets=rd.paused,  # the banner of every page: called once per page
+        queue_rows=lambda: overview.queue_rows(rd),  # the overview's table of queues
     )
     # Made once here, not by the first requests at the same time in several threads.
     rd.shards.all()

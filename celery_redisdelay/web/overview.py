@@ -1,4 +1,5 @@
-"""What the overview page shows: counts over all shards, parked calls by due time, and by task name.
+"""What the overview page shows: counts over all shards, the queues' latency, parked calls by due time, and by task
+name.
 
 Every read is bounded whatever the backlog: the due-time histograms are one ``ZCOUNT`` per bar and
 shard (logarithmic in the set's size), and the split by task reads the metadata of a sample of at
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..operations.listing import server_ms, state_key
+from ..operations.queues import LAG_MINUTES, queue_figures
 from ..store.calls import redis_errors, text
 from ..store.meta import decode_meta
 
@@ -78,6 +80,20 @@ def limit_rows(rd: RedisDelay, limits: list[dict[str, Any]]) -> list[dict[str, A
     return [
         {**row, "next_in": None if row["next_ms"] is None else max(row["next_ms"] - now, 0.0) / 1000} for row in limits
     ]
+
+
+def queue_rows(rd: RedisDelay) -> dict[str, Any]:
+    """The queues' latency (see :mod:`celery_redisdelay.operations.queues`): a row per queue, the release lag of all
+    queues, and whether the store's counts are estimated."""
+    figures = queue_figures(rd.depot)
+    first = next(iter(figures.values()), None)
+    return {
+        "rows": [{"name": name, **found.as_dict()} for name, found in figures.items()],
+        "lag_p50": first and first.release_lag_p50_seconds,
+        "lag_p99": first and first.release_lag_p99_seconds,
+        "lag_minutes": LAG_MINUTES,
+        "estimated": any(found.estimated for found in figures.values()),
+    }
 
 
 def due_histogram(rd: RedisDelay) -> dict[str, Any]:
