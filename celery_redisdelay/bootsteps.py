@@ -1,6 +1,6 @@
-"""The steps the extension adds to every worker of an app: leases on the calls it holds, a precise releaser
-thread, durable revokes, parking the eta messages the worker receives, and (``redisdelay_skip_unacked``) kombu's
-unacked bookkeeping left out for the calls the store released.
+"""The steps the extension adds to every worker of an app: leases on the calls it holds (and the worker's heartbeat
+for the probe), a precise releaser thread, durable revokes, parking the eta messages the worker receives, and
+(``redisdelay_skip_unacked``) kombu's unacked bookkeeping left out for the calls the store released.
 
 ``RedisDelay(app)`` adds them to ``app.steps["worker"]`` (the last to ``app.steps["consumer"]``) by name; each
 finds the app's extension when the worker starts and hands the layers below it what they need.
@@ -23,6 +23,7 @@ from .worker.broker_loss import guard as guard_broker_loss
 from .worker.contract import check_tasks
 from .worker.leases import TURN_SECONDS, Leases, delivery_tag, running_ids
 from .worker.pausing import PausedCalls
+from .worker.probe import Heartbeat, ProbedLeases
 from .worker.received import ReceivedParking
 from .worker.stale import StaleDeliveries
 from .worker.tracking import drop_revoked, parks_calls_of
@@ -45,7 +46,8 @@ def name_worker(worker: Any) -> str:
 class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
     """The worker's main process holds the calls it receives under leases (:mod:`celery_redisdelay.worker.leases`),
     taken and renewed in batches by a thread. On a warm stop the calls not started are given back; the thread
-    renews the running ones until they end."""
+    renews the running ones until they end. Another thread writes the worker's heartbeat for the probe
+    (:mod:`celery_redisdelay.worker.probe`)."""
 
     label = "redisdelay leases"
 
@@ -54,6 +56,7 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         name_worker(worker)
         self.leases: Leases | None = None
         self.thread: threading.Thread | None = None
+        self.heartbeat: Heartbeat | None = None
 
     def start(self, worker: Any) -> None:
         depot = RedisDelay.of(worker.app).depot
@@ -61,7 +64,7 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         def owns(request: Any) -> bool:
             return parks_calls_of(depot, getattr(request, "task", None))
 
-        leases = self.leases = Leases(depot, name_worker(worker), owns)
+        leases = self.leases = ProbedLeases(depot, name_worker(worker), owns)
 
         def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:
             # The mark first: a call never parked (most, in redisdelay_all_tasks mode) has nothing to hold.
@@ -74,6 +77,8 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         self.watch_the_loop(worker, leases)
         self.thread = threading.Thread(target=leases.run, name="redisdelay-leases", daemon=True)
         self.thread.start()
+        self.heartbeat = Heartbeat(depot, name_worker(worker), leases, worker)
+        threading.Thread(target=self.heartbeat.run, name="redisdelay-probe", daemon=True).start()
 
     def watch_the_loop(self, worker: Any, leases: Leases) -> None:
         """Note the runs that hold the thread of the worker's event loop, for the leases to tell a stuck loop
@@ -87,6 +92,8 @@ class LeaseStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is unt
         signals.task_received.disconnect(dispatch_uid=f"redisdelay-leases-{id(self)}")
         signals.task_prerun.disconnect(dispatch_uid=f"redisdelay-loop-{id(self)}")
         signals.task_postrun.disconnect(dispatch_uid=f"redisdelay-loop-{id(self)}")
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.leases is not None:
             self.leases.close(running_ids())
 

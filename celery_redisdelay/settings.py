@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "redisdelay_skip_unacked": None,
     "redisdelay_track_due_now": None,
     "redisdelay_worker_lost": None,
+    "redisdelay_probe_file": None,
     "redisdelay_quotas": None,  # checked by store/limits.py when a call names a quota
     "redisdelay_task_limits": None,  # checked by producer/adoption.py at a plain task's first call
 }
@@ -179,6 +181,11 @@ class Settings:
     #: (``redisdelay_worker_lost`` on the task): :data:`DEAD_LETTER` or :data:`RUN_AGAIN`; None (the default): as
     #: each task acknowledges (see :mod:`celery_redisdelay.worker.contract`).
     worker_lost: str | None = None
+    #: A file each worker touches (at most once a second) while its event loop turns, it consumes every queue it
+    #: should and its leases are renewed: for a liveness probe that cannot reach the store (``redisdelay probe
+    #: --file``). Celery's ``%h``, ``%n`` and ``%d`` are expanded as in ``--pidfile``. None (the default):
+    #: no file.
+    probe_file: str | None = None
 
     @property
     def workers_release(self) -> bool:
@@ -270,6 +277,7 @@ class Settings:
             skip_unacked=_optional_bool(conf, "redisdelay_skip_unacked"),
             track_due_now=_optional_bool(conf, "redisdelay_track_due_now"),
             worker_lost=worker_lost_choice(conf.get("redisdelay_worker_lost"), "redisdelay_worker_lost"),
+            probe_file=_probe_file(conf.get("redisdelay_probe_file")),
         )
 
 
@@ -287,6 +295,19 @@ def worker_lost_choice(value: Any, where: str) -> str | None:
         return value
     allowed = " or ".join(repr(choice) for choice in WORKER_LOST_CHOICES)
     raise ConfigurationError(f"{where} must be {allowed}, or None (as the task acknowledges), not {value!r}")
+
+
+def _probe_file(value: Any) -> str | None:
+    """``redisdelay_probe_file``: a path (``os.PathLike`` too) or None; ConfigurationError if not."""
+    if value is None:
+        return None
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigurationError(
+            f"redisdelay_probe_file must be the path of a file the worker may write (a string, such as "
+            f"'/tmp/celery-alive'), or None for no file, not {value!r}"
+        )
+    return path
 
 
 def _optional_bool(conf: Mapping[str, Any], name: str) -> bool | None:

@@ -54,6 +54,7 @@ DOCUMENTED = {
     r"\{chaos(/\d+)?\}:unrecorded": "cancelled calls whose caller could not say it recorded them revoked "
     "(a fault cut that; expires ten minutes after the last cancel)",
     r"\{chaos(/\d+)?\}:lock-wake:.*": "a lock's wake-up list (expires 10 s after the release)",
+    r"\{chaos(/\d+)?\}:probe:.*": "a worker's heartbeat for the probe (expires ten minutes after its last write)",
     r"_kombu\.binding\..*": "kombu's queue bindings (a killed worker's pidbox binding stays)",
     r"unacked_mutex": "kombu's restore lock (expires)",
     r"unacked_index": "kombu's index of the unacknowledged messages (the tick being run, see unacked)",
