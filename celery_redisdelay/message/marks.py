@@ -57,6 +57,11 @@ def delivery_number(call_id: str, delivery_tag: Any, headers: Mapping[str, Any] 
     return 1 + earlier if isinstance(earlier, int) and earlier >= 0 else None
 
 
+def strip_marks(headers: Mapping[str, Any]) -> dict[str, Any]:
+    """A message's headers without the marks of this module: Celery's own message again (a drained call)."""
+    return {name: value for name, value in headers.items() if name not in _MARKS}
+
+
 def redelivered(message: Any) -> bool:
     """Whether a received message says it was delivered before: kombu's restore and a broker's requeue set
     ``delivery_info['redelivered']`` (kombu's Redis transport the header too), as the store's redeliveries do."""
@@ -123,4 +128,4 @@ def drop_mark(request: Any) -> None:
     if eta is not None:
         request.eta = eta
     if isinstance(headers, dict) and any(mark in headers for mark in _MARKS):
-        request.headers = {name: value for name, value in headers.items() if name not in _MARKS} or None
+        request.headers = strip_marks(headers) or None

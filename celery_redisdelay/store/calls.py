@@ -55,6 +55,8 @@ class Cancelled(NamedTuple):
 
 #: How long a store remembers a cancel (ms): a cancel sent again within it is answered as the first was.
 CANCEL_MEMORY_MS = 10 * 60 * 1000
+#: How long a store keeps what a drain took and has not handed back (ms): the next drain hands it out first.
+DRAIN_MEMORY_MS = 30 * 24 * 3600 * 1000
 
 
 @dataclass(frozen=True)
@@ -453,6 +455,30 @@ class CallStore:
     def cancel_done(self, call_ids: Sequence[str]) -> None:
         """The cancelled calls ``call_ids`` are recorded revoked: a cancel sent again leaves them be."""
         self._run("cancel_done", _step(call_ids), f"note {_which(call_ids)} recorded revoked", [self.keys.unrecorded])
+
+    # -- the way out: calls handed back to Celery's own path (operations/drain.py) -------------------------------
+
+    def drain_take(self, call_ids: Sequence[str]) -> list[tuple[str, bytes]]:
+        """Take the calls still parked here (1 to 1,000 ids) out of the store, as a cancel does, each with its
+        payload, which stays in :attr:`Keyspace.undrained` until :meth:`drain_done`. A call another drain took
+        in the last :data:`DRAIN_MEMORY_MS` and did not finish comes with its payload too."""
+        flat = self._run(
+            "cancel",
+            [DRAIN_MEMORY_MS, "1", *_step(call_ids)],
+            f"drain {_which(call_ids)}",
+            [self.keys.drained, self.keys.undrained],
+        )
+        return [(text(flat[i]), flat[i + 1]) for i in range(0, len(flat), 3) if flat[i + 2] in (b"1", "1")]
+
+    def drain_done(self, call_ids: Sequence[str]) -> None:
+        """The drained calls ``call_ids`` are in the broker: forget their payloads."""
+        self._run("cancel_done", _step(call_ids), f"note {_which(call_ids)} handed back", [self.keys.undrained])
+
+    def undrained(self, count: int) -> list[tuple[str, bytes]]:
+        """Up to ``count`` calls a drain took and did not see the broker take (it died between the two)."""
+        with redis_errors("read the calls an earlier drain left"):
+            found: Any = self.client.hscan(self.keys.undrained, 0, count=count)[1]
+        return [(text(key), value) for key, value in list(found.items())[:count]]
 
     def reschedule_many(
         self, call_ids: Sequence[str], *, countdown_ms: int | None = None, due_ms: int | None = None
