@@ -10,6 +10,9 @@ python3 dev.py test-lowest [pytest args]
 python3 dev.py lint     ruff, mypy and the layering contracts (import-linter)
 python3 dev.py bench    the benchmarks
 python3 dev.py docs     the manual (Sphinx, warnings as errors) into docs/_build/html
+python3 dev.py references
+                        write the manual's reference page (docs/reference.rst) from the code: settings, commands,
+                        metrics, alerts (tests/test_references.py fails when the page is not what it writes)
 python3 dev.py celery-suite [--quick | --ci | --full] [--modes plain,delayed,all-tasks,tracked] [-k EXPR]
                         Celery's own integration tests (test_tasks.py and test_canvas.py; with --full every
                         file of t/integration that runs on Redis; from the sdist of the installed Celery)
@@ -434,7 +437,7 @@ def versions(python: Path) -> str:
 
 COMMANDS = {
     *("demo", "test", "test-lowest", "test-python", "pythons", "venv", "lint", "bench", "battle", "wheel-demo"),
-    *("release-check", "celery-suite", "docs"),
+    *("release-check", "celery-suite", "docs", "references"),
 }
 
 
@@ -483,6 +486,8 @@ def main(argv: list[str]) -> int:
     if command == "docs":
         out = str(ROOT / "docs" / "_build" / "html")
         return run(python, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(ROOT / "docs"), out, *rest)
+    if command == "references":
+        return run(python, str(ROOT / "docs" / "references.py"))
     if command == "celery-suite":
         return run(ensure_venv(VENV, ("test", "lint", "celery-suite")), "-m", "celery_suite", *rest)
     if command == "wheel-demo":
