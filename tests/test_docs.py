@@ -35,6 +35,11 @@ PAGES = {
     "security": "Security and high availability",
     "development": "Development",
     "api": "API reference",
+    "kubernetes": "Running on Kubernetes",
+    "upgrading": "Upgrading, rolling back and removing",
+    "tracing": "Traces across the wait",
+    "reference": "Reference",
+    "rabbitmq": "RabbitMQ with a Redis store",
 }
 
 pytest.importorskip("sphinx", reason="Sphinx is not installed (the docs group has it)")

@@ -56,6 +56,7 @@ SETTINGS = {
     # added since: every call tracked
     "track_due_now",
     "worker_lost",  # 0.6.0: each task's contract when its worker dies mid-run
+    "probe_file",  # 0.6.0: the worker probe's file, for probes without store access
 }  # fmt: skip
 COMMANDS = {
     "cancel", "exporter", "list", "purge", "releaser", "requeue", "reschedule", "run-now", "show", "status",
@@ -68,6 +69,8 @@ COMMANDS = {
     "limits",
     # added since: pause and resume
     "pause", "resume", "paused",
+    # 0.6.0: the worker probe, and the way out
+    "probe", "drain",
 }  # fmt: skip
 
 

@@ -182,6 +182,7 @@ def test_every_default_is_documented_in_defaults() -> None:
         "redisdelay_worker_lost",
         "redisdelay_quotas",
         "redisdelay_task_limits",
+        "redisdelay_probe_file",
     }
 
 

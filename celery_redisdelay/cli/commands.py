@@ -21,11 +21,12 @@ from ..operations import admin, metrics
 from ..operations.history import KEPT_MINUTES, read_history
 from ..operations.humanize import deliveries, lock_text, relative, size_text, span
 from ..operations.listing import iso
+from ..operations.queues import LAG_MINUTES, QueueFigures, queue_figures
 from ..operations.validation import run_validation
 from ..operations.waiting import adopt_waiting
 from ..release.precise import PreciseReleasers
 from ..store.calls import LISTS
-from . import actions, pausing
+from . import actions, drain, pausing, probe
 from .history import print_history
 from .limits import limits
 from .output import FORCE_OPTION, JSON_OPTION, emit, extension, on_stop_signals, pairs, say, table
@@ -53,6 +54,10 @@ def redisdelay(ctx: click.Context, **preload: Any) -> None:
 for _command in actions.COMMANDS:
     redisdelay.add_command(_command)
 for _command in pausing.COMMANDS:
+    redisdelay.add_command(_command)
+for _command in probe.COMMANDS:
+    redisdelay.add_command(_command)
+for _command in drain.COMMANDS:
     redisdelay.add_command(_command)
 redisdelay.add_command(limits)
 
@@ -162,8 +167,13 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
     depot = rd.depot
     found = admin.status(depot)
     paused = rd.paused()
+    latency = queue_figures(depot)
     if as_json:
-        found = {**found, "paused": [pausing.json_entry(entry) for entry in paused]}
+        found = {
+            **found,
+            "paused": [pausing.json_entry(entry) for entry in paused],
+            "queues": {name: figures.as_dict() for name, figures in latency.items()},
+        }
         emit({**found, "history": read_history(depot, minutes).as_dict()} if with_history else found, True)
         return
     retired = found["retired_shards"]
@@ -199,8 +209,44 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
         for row in found["limits"]
     ]
     pairs(rows)
+    say()
+    _queue_table(latency)
     if with_history:
         print_history(depot, minutes)
+
+
+def _queue_table(latency: dict[str, QueueFigures]) -> None:
+    """Per queue: ready in the broker and the oldest's age, in flight, paused, held by limits; the release lag."""
+    estimated = any(figures.estimated for figures in latency.values())
+    table(
+        ["queue", "ready", "oldest ready", "in flight", "paused", "held by limits"],
+        [
+            [
+                name,
+                "?" if figures.ready is None else f"{figures.ready:,}",
+                _oldest_ready(figures),
+                f"{'~' if estimated else ''}{figures.in_flight:,}",
+                f"{'~' if estimated else ''}{figures.paused:,}",
+                f"{'~' if estimated else ''}{figures.held:,}",
+            ]
+            for name, figures in latency.items()
+        ],
+        right=(1, 2, 3, 4, 5),
+    )
+    lag = next(iter(latency.values()), QueueFigures())
+    if lag.release_lag_p50_seconds is not None and lag.release_lag_p99_seconds is not None:
+        say(
+            f"release lag (all queues, last {LAG_MINUTES} min): p50 {span(lag.release_lag_p50_seconds)}, "
+            f"p99 {span(lag.release_lag_p99_seconds)}"
+        )
+    if estimated:
+        say("~: estimated from the first calls of each shard (celery_redisdelay.operations.queues.MOST_READ)")
+
+
+def _oldest_ready(figures: QueueFigures) -> str:
+    if figures.ready == 0:
+        return "-"
+    return "?" if figures.oldest_ready_seconds is None else span(figures.oldest_ready_seconds)
 
 
 def _late(oldest: dict[str, Any] | None, what: str, late: str) -> str:

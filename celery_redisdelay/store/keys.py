@@ -135,6 +135,18 @@ class Keyspace:
         return self._key("paused")
 
     @property
+    def drained(self) -> str:
+        """The calls ``drain`` handed back to Celery lately, by when: ``cancel.lua``'s memory, kept apart from the
+        cancels' (``operations/drain.py``)."""
+        return self._key("drained")
+
+    @property
+    def undrained(self) -> str:
+        """The calls ``drain`` took from the store and has not yet seen the broker take: id -> payload. A drain that
+        died between the two leaves them here, and the next one hands them out first."""
+        return self._key("undrained")
+
+    @property
     def cancelled(self) -> str:
         """The calls cancelled here lately, by when (see ``cancel.lua``): a cancel sent again is answered as the
         first was. It expires with its last cancel's memory."""
@@ -145,6 +157,13 @@ class Keyspace:
         """The cancelled calls whose caller has not yet recorded them revoked: id -> payload, so that a cancel
         sent again after a lost reply can record them."""
         return self._key("unrecorded")
+
+    def probe(self, worker: str) -> str:
+        """One worker's heartbeat for ``celery -A proj redisdelay probe``: a small JSON record its main process
+        writes each second with an expiry (``worker/probe.py``, which defines its fields; ``operations/probe.py`` reads
+        it). How long ago it was written is what the expiry has counted down, by the Redis server's clock. In the
+        first shard only."""
+        return self._key(f"probe:{worker}")
 
     @property
     def store_keys(self) -> list[str]:
