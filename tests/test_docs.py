@@ -36,6 +36,7 @@ PAGES = {
     "development": "Development",
     "api": "API reference",
     "kubernetes": "Running on Kubernetes",
+    "production": "Going to production",
     "upgrading": "Upgrading, rolling back and removing",
     "tracing": "Traces across the wait",
     "reference": "Reference",
