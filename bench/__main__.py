@@ -105,6 +105,14 @@ e2e_due_now
 e2e_due_now_io
     The same with a task that does some I/O, as real tasks do: each call writes once to the bench's Redis (an INCR,
     through a client made once per worker process), on every side. Same sizes and targets.
+probe_cost
+    Calls/s of ``e2e_due_now``'s workload (tracked no-op calls due now, one ``-P prefork -c 2`` worker, prefetch 4)
+    with no probe (the baseline), with the shell test of ``redisdelay_probe_file``'s age that docs/kubernetes.rst
+    gives, and with ``celery -A bench.app redisdelay probe -n <the worker>``, each probe run every second beside the
+    worker (one run at a time, as a Kubernetes exec probe); the same worker in every round (its heartbeat and its
+    file's touch are in all of them), 6 [3] rounds of 6,000 [1,500] calls each side, in each of the six orders
+    in turn, after a warm-up. Also reported: each probe's wall and CPU time a run. Target: a cost under 1%
+    (>= 0.99x), printed, not asserted.
 recovery, long_run
     A ``-P prefork -c 1`` worker running a 20 s call and holding 50 [10] prefetched ones is SIGKILLed:
     seconds from the kill to each call's start on a second worker, with the default 30 s lease [3 s],

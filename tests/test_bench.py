@@ -18,7 +18,7 @@ from .conftest import run_module
 #: Seconds: the quick run took 230 s to its recovery figure with the rest of the suite on the machine, before the
 #: figures of tracked calls due now were added; pause_fleet adds about 35 s (two workers started), e2e_due_now_io
 #: about 30 s and workers_releasing about 45 s (four workers started, two 5 s windows, 3 s of calls) on a busy machine.
-BENCH_TIMEOUT = 560
+BENCH_TIMEOUT = 660  # the quick bench, with probe_cost (about 45 s) and exporter_scrape
 FIGURES = (
     "park_single",
     "park_bulk",
@@ -36,6 +36,7 @@ FIGURES = (
     "e2e_throughput",
     "e2e_due_now",
     "e2e_due_now_io",
+    "probe_cost",
     "recovery",
     "long_run",
     "recovery_due_now",

@@ -16,6 +16,7 @@ from .lateness import lateness
 from .limits import limits
 from .park import park_bulk, park_single, send_due_now
 from .pause_fleet import pause_fleet
+from .probe_cost import probe_cost
 from .rabbitmq import release_rabbitmq, worker_memory_rabbitmq
 from .recovery import long_run, long_run_due_now, recovery, recovery_due_now
 from .redis_memory import redis_memory_per_call
@@ -46,6 +47,7 @@ FIGURES: dict[str, Figure] = {
     "e2e_throughput": e2e_throughput,
     "e2e_due_now": e2e_due_now,
     "e2e_due_now_io": e2e_due_now_io,
+    "probe_cost": probe_cost,
     "recovery": recovery,
     "long_run": long_run,
     "recovery_due_now": recovery_due_now,
