@@ -67,3 +67,44 @@ def test_the_other_examples_run(redis_server: RedisServer) -> None:
     finally:
         if "app" in names:
             names["app"].close()
+
+
+GUIDE = (ROOT / "docs" / "guide.rst").read_text()
+#: What a guide example assumes from its page's prose, given before it runs: the objects its tasks call, and the
+#: tasks the unique/debounce example names.
+PRELUDE = """
+from types import SimpleNamespace
+trucks = SimpleNamespace(load=lambda area, parcels: None)
+orders = SimpleNamespace(set_status=lambda order_id, status: None)
+doc = {"title": "a document"}
+
+@rd.delayed
+def remind(user_id): ...
+
+@rd.delayed
+def reindex(user_id, doc): ...
+"""
+
+
+def test_the_guides_examples_run(redis_server: RedisServer) -> None:
+    """Every Python example of the guide, in an app of the README's quick start, with what its prose assumes; the
+    Django one needs Django's settings module: tests/django_proj/celery_app.py has its form, and test_django runs it."""
+    (quick,) = [block for block in python_blocks(README) if "RedisDelay(app)" in block]
+    setup = on(redis_server, quick.split("@rd.delayed")[0])
+    examples = [block for block in python_blocks(GUIDE) if "DJANGO_SETTINGS_MODULE" not in block]
+    assert len(examples) >= 4, examples
+    redis.Redis.from_url(f"{redis_server.url}/11").flushdb()
+    names: dict[str, Any] = {}
+    try:
+        exec(setup + PRELUDE, names)
+        for block in examples:
+            exec(block, names)
+        rd = names["rd"]
+        assert rd.stats()["batch_items"] == 1  # bind_truck.add: one parcel gathered
+        first = names["remind"].apply_async((42,), countdown=3600, unique_key="user:42")
+        assert names["remind"].apply_async((42,), countdown=3600, unique_key="user:42").id == first.id
+    finally:
+        if "rd" in names:
+            names["rd"].client.flushdb()
+        if "app" in names:
+            names["app"].close()
