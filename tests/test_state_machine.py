@@ -910,6 +910,7 @@ def env(make_app: MakeApp) -> Iterator[Env]:
     rd.client.close()
 
 
+@pytest.mark.timeout(600)  # 150 derandomized examples of 50 steps: about 60 s alone, past 180 s on a loaded CI
 def test_call_store_state_machine(env: Env) -> None:
     class OnThisApp(StoreMachine):
         pass
