@@ -352,6 +352,9 @@ def skip_quorum_faults(setup: RabbitSetup) -> None:
         pytest.skip("broker faults on quorum queues: not settled yet (REDISDELAY_QUORUM_FAULTS=1 runs them)")
 
 
+# Quarantined behind --slow: on classic queues with acks_late it timed out waiting for the 150 runs in 1 of 3
+# clean-clone CI runs on 2026-11-29 (and once on 2026-11-28). Not understood yet.
+@pytest.mark.slow
 def test_a_broker_restart_during_the_release_loses_nothing(setup: RabbitSetup, rabbitmq: RabbitMQServer) -> None:
     """RabbitMQ restarts while calls fall due and the workers release them: every call runs, once unless the
     restart cut off a run's acknowledgement (acks_late: the broker then delivers it again, as it would for plain
