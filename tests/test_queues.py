@@ -236,6 +236,17 @@ def test_the_json_endpoint_for_keda(make_app: MakeApp, client: redis.Redis) -> N
     assert guarded.get(f"/api/queues/{queue}", headers=credentials).get_json()["ready"] == 3
 
 
+def scrape(rd: RedisDelay) -> str:
+    """What a real exporter of ``rd``'s store serves at /metrics."""
+    server = serve(rd.depot, free_port())
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
+            return str(response.read().decode())
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_the_exporter_and_status_show_each_queue(make_app: MakeApp, client: redis.Redis) -> None:
     pytest.importorskip("prometheus_client")
     _, rd = make_app()
@@ -243,12 +254,7 @@ def test_the_exporter_and_status_show_each_queue(make_app: MakeApp, client: redi
     queue = queue_of(rd)
     make_due(rd, client, [echo.apply_async((n,), countdown=3600).id for n in range(2)])
     rd.tick()
-    server = serve(rd.depot, free_port())
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
-            scraped = response.read().decode()
-    finally:
-        server.shutdown()
+    scraped = scrape(rd)
     assert f'redisdelay_queue_ready{{queue="{queue}"}} 2.0' in scraped
     assert f'redisdelay_queue_oldest_ready_seconds{{queue="{queue}"}}' in scraped
     for name in ("in_flight", "paused", "held"):
@@ -327,13 +333,7 @@ def test_promtool_evaluates_the_documented_queries_on_a_real_scrape(
     queue = queue_of(rd)
     make_due(rd, client, [echo.apply_async((n,), countdown=3600).id for n in range(3)])
     rd.tick()
-    server = serve(rd.depot, free_port())
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics", timeout=10) as response:
-            scraped = response.read().decode()
-    finally:
-        server.shutdown()
-        server.server_close()
+    scraped = scrape(rd)
     series, oldest = [], None
     for family in text_string_to_metric_families(scraped):
         for sample in family.samples:
