@@ -16,10 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from types import SimpleNamespace
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 import redis
 from celery import Celery
+from celery.app.trace import build_tracer
 from redis.cluster import key_slot
 
 from celery_redisdelay import ConfigurationError, DelayedTask, RedisDelay, StoreUnavailableError
@@ -547,3 +549,46 @@ def test_a_lock_key_of_the_wrong_type_is_refused(rd: RedisDelay, client: redis.R
         lock.acquire(blocking=False)
     assert not lock.owned
     assert snapshot(client, rd, "order:7") == before
+
+
+def test_a_deferred_run_that_ends_after_the_wake_ups_run_began_leaves_it_acknowledged(rd: RedisDelay) -> None:
+    # Under the threads, gevent and eventlet pools one call's two runs can overlap in a process: the run deferred
+    # behind a lock ends (its task_postrun) after the release woke the call and its next delivery started. Both
+    # go through Celery's own tracer here, in that order; the second run's end must still acknowledge the call.
+    second_running, first_done = threading.Event(), threading.Event()
+
+    @rd.delayed(name=unique("overlap"), lock="overlap:{n}", lock_timeout=5, lock_retry=3)
+    def overlap(n: int) -> int:
+        second_running.set()
+        assert first_done.wait(WAIT), "the deferred run ended"
+        return n
+
+    store = rd.shards.for_name("overlap:1")
+    take = store.lock_take
+
+    def take_then_hold(*args: Any) -> tuple[int, int]:
+        status = take(*args)
+        if threading.current_thread().name == "deferred-run":
+            assert second_running.wait(WAIT), "the wake-up's run started"
+        return status
+
+    call_id = overlap.apply_async((1,)).id
+    [claimed] = rd.store.claim(10, 30_000)
+    assert claimed.id == call_id
+    request = {"id": call_id, "properties": {"delivery_tag": f"{call_id}.{claimed.deliveries}"}, "hostname": "w@h"}
+    tracer = build_tracer(overlap.name, overlap, app=rd.app)
+    with rd.lock("overlap:1"), patch.object(store, "lock_take", take_then_hold):
+        first = threading.Thread(target=tracer, args=(call_id, (1,), {}, request), name="deferred-run")
+        first.start()
+        wait_for(lambda: rd.find(call_id).meta["s"] == "deferred", WAIT, "the call to be deferred")  # type: ignore[union-attr]
+    [woken] = rd.store.claim(10, 30_000)
+    assert (woken.id, woken.deliveries) == (call_id, claimed.deliveries), "a deferral is not a failed delivery"
+    second = threading.Thread(target=tracer, args=(call_id, (1,), {}, request), name="woken-run")
+    second.start()
+    assert second_running.wait(WAIT)
+    first.join(WAIT)
+    first_done.set()
+    second.join(WAIT)
+    assert not first.is_alive() and not second.is_alive()
+    rd.depot.outbox.flush()
+    assert rd.find(call_id) is None, "the woken run's end acknowledged the call"

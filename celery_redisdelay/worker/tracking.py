@@ -13,6 +13,7 @@ the task: the call stays in flight and the sweep delivers it again (at-least-onc
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from billiard.exceptions import WorkerLostError
@@ -51,7 +52,9 @@ def connect(depot: Depot) -> None:
     its app's delayed tasks, and its plain tasks where ``redisdelay_all_tasks`` or ``redisdelay_park_received``
     parks their delayed calls. Of a plain task only the runs of parked calls are tracked: a run of a call
     never parked (its message has no mark, see :mod:`celery_redisdelay.message.marks`) makes no Redis call."""
-    tracked: set[str] = set()  # runs of parked calls, until they end
+    # Runs of parked calls, until they end, counted by call: under the threads, gevent and eventlet pools one call's
+    # runs may overlap in a process (a run deferred behind a lock ends after the wake-up's delivery has started).
+    tracked: Counter[str] = Counter()
     outbox = depot.outbox
 
     def ours(task: Any) -> bool:
@@ -69,7 +72,7 @@ def connect(depot: Depot) -> None:
         if not request_from_store(request) or not owns(sender):
             return
         drop_mark(request)
-        tracked.add(task_id)
+        tracked[task_id] += 1
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
         # for this worker too, should it come first, under the name the leases use.
         worker = depot.worker_name or getattr(request, "hostname", None) or ""
@@ -81,9 +84,11 @@ def connect(depot: Depot) -> None:
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
     ) -> None:
-        if task_id is None or task_id not in tracked:
+        if task_id is None or not tracked[task_id]:
             return
-        tracked.discard(task_id)
+        tracked[task_id] -= 1
+        if not tracked[task_id]:
+            del tracked[task_id]
         if state is not None and finishes_call(state, retval):
             outbox.ack(task_id)
 
