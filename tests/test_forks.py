@@ -6,7 +6,9 @@ the newest redis-py declared."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,7 +31,8 @@ CHILD_SECONDS = 15
 
 
 def in_child(body: Callable[[], object], timeout: float = CHILD_SECONDS) -> str:
-    """Run ``body`` in a forked child: "ok", "hung" (it did not end within ``timeout``), or its error."""
+    """Run ``body`` in a forked child: "ok", "hung: " and where it was (it did not end within ``timeout``), or its
+    error."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report and leave without running the parent's exit handlers
@@ -37,6 +40,9 @@ def in_child(body: Callable[[], object], timeout: float = CHILD_SECONDS) -> str:
         code = 1
         try:
             signal.alarm(int(timeout) + 5)  # a last resort; the parent kills it first
+            # A child that hangs says where when the parent gives up on it (a handler, not faulthandler's timer
+            # thread, whose lock a grandchild would inherit held).
+            faulthandler.register(signal.SIGUSR1, file=write, all_threads=True)
             body()
             os.write(write, b"ok")
             code = 0
@@ -48,10 +54,17 @@ def in_child(body: Callable[[], object], timeout: float = CHILD_SECONDS) -> str:
     deadline = time.monotonic() + timeout
     while not os.waitpid(pid, os.WNOHANG)[0]:
         if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGUSR1)  # where it hangs, written into the pipe from the signal handler
+            dump = b""
+            while select.select([read], [], [], 0.5)[0] and len(dump) < 100_000:  # until the dump is written
+                chunk = os.read(read, 65536)
+                if not chunk:  # it died meanwhile
+                    break
+                dump += chunk
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
             os.close(read)
-            return "hung"
+            return f"hung: {dump.decode(errors='replace')}"
         time.sleep(0.01)
     with os.fdopen(read, "rb") as pipe:
         return pipe.read().decode(errors="replace") or "died without a word"
