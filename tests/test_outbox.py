@@ -163,14 +163,17 @@ def test_acks_made_while_the_store_is_down_reach_it_once_it_is_back(
         wait_for(lambda: time.monotonic() - down >= OUTAGE_SECONDS, WAIT, "the outage to last")
         own_server.start()
         wait_for(lambda: [rd.find(c) for c in ("short", "done", "revoked")] == [None] * 3, WAIT, "every ack written")
+        # The thread notes the write and logs the outage's end after the script has run: wait for that too.
+        logged = lambda: [record.getMessage() for record in caplog.records if record.name == LOGGER]  # noqa: E731
+        wait_for(lambda: len(logged()) >= 2, WAIT, "the outbox to log that the outage ended")
     assert entry(rd, "running").meta["s"] == "running", "the start without its ack is written too"
     assert attempts[-1] == ([("start", "running"), ("acked", "short"), ("acked", "done"), ("revoked", "revoked")], True)
     assert (counted(rd, rd.store, "acked"), counted(rd, rd.store, "revoked")) == (2, 1)
     assert (outbox.held, outbox.dropped_starts, outbox.dropped_acks) == (0, 0, 0)
-    logged = [record.getMessage() for record in caplog.records if record.name == LOGGER]
-    assert len(logged) == 2, logged
-    assert "the outbox holds them and tries again until it takes them" in logged[0]
-    assert "wrote the 4 start(s) and acknowledgement(s) it held, the store refusing them for" in logged[1]
+    messages = logged()
+    assert len(messages) == 2, messages
+    assert "the outbox holds them and tries again until it takes them" in messages[0]
+    assert "wrote the 4 start(s) and acknowledgement(s) it held, the store refusing them for" in messages[1]
 
 
 def test_flush_tries_three_times_then_leaves_the_entries_to_the_thread(
