@@ -79,4 +79,5 @@ def test_a_parked_call_shows_in_flower_once_released_and_as_a_plain_call(watched
         "Flower to list the released call",
     )
     assert shown["eta"] is None, shown
-    assert proj.rd.find(parked.id) is None
+    # Its acknowledgement reaches the store from the pool process's outbox, a moment after the result.
+    wait_for(lambda: proj.rd.find(parked.id) is None, 30, "the released call to be acknowledged")
