@@ -634,3 +634,38 @@ def test_a_worker_whose_take_failed_takes_its_calls_at_the_renewal(
     assert "h" not in entry(rd, call_id).meta, "the take failed"
     leases.renew()
     assert entry(rd, call_id).meta["h"] == "w1"
+
+
+class Run:
+    """A request as Celery's worker state keeps it: its id, its task's name, hashed by identity."""
+
+    def __init__(self, call_id: str) -> None:
+        self.id = call_id
+        self.name = "tests.leases.run"
+
+
+def test_a_call_stays_held_while_celery_knows_one_of_its_requests(rd: RedisDelay, client: redis.Redis) -> None:
+    # A run deferred behind a lock ends (task_ready) after the woken delivery of the same call was received and
+    # started: Celery's requests dict, one request an id, loses the id, but the second run is still going.
+    from celery.worker import state
+
+    in_flight(rd, "deferred")
+    now = [1000.0]
+    leases = Leases(rd.depot, "w1", clock=lambda: now[0])
+    deferred_run, woken_run = Run("deferred"), Run("deferred")
+    state.task_accepted(deferred_run)
+    leases.received("deferred", "deferred.1")
+    leases.take_new()
+    try:
+        state.task_reserved(woken_run)
+        state.task_accepted(woken_run)
+        state.task_ready(deferred_run)
+        assert "deferred" not in state.requests, "Celery's own dict forgot the id"
+        now[0] += 3600  # a renewal period and more later
+        leases.renew()
+        assert set(leases.held) == {"deferred"}, "held while the woken run goes on"
+        assert entry(rd, "deferred").meta["h"] == "w1"
+    finally:
+        state.task_ready(woken_run)
+    leases.renew()
+    assert leases.held == {}, "forgotten once no request of it is left"

@@ -40,11 +40,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from celery.worker import state
-
 from ..errors import RedisDelayError
 from ..store.calls import LARGEST_STEP
-from .running import running_requests
+from .running import known_ids, running_requests
 from .unacked import store_delivery
 
 if TYPE_CHECKING:
@@ -206,10 +204,13 @@ class Leases:
         return "".join(traceback.format_stack(frame)) if frame is not None else "(not found)"
 
     def _forget_finished(self) -> None:
-        """Forget the calls received more than a renewal period ago whose requests Celery no longer has."""
+        """Forget the calls received more than a renewal period ago of which Celery no longer has a request."""
         grace = self.clock() - self.renewal
+        known = known_ids()
+        if known is None:
+            return  # not read this time: forgotten at the next renewal
         for call_id in [call_id for call_id, held in self.held.items() if held.received < grace]:
-            if call_id not in state.requests:
+            if call_id not in known:
                 del self.held[call_id]
 
     def _hold(self, calls: Sequence[tuple[str, str]], renewal: bool) -> bool:
