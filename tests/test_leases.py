@@ -506,6 +506,31 @@ def test_a_call_popped_by_a_worker_that_died_before_kombu_noted_it_is_swept_a_le
     assert entry(rd, waiting).meta["s"] in {"swept", "queued"} and entry(rd, waiting).meta.get("d") == 2
 
 
+def test_a_call_a_live_worker_popped_after_a_lease_in_its_list_is_not_swept_before_its_take(
+    make_app: MakeApp, client: redis.Redis
+) -> None:
+    """A backlog older than a lease: a worker pops a call that waited that long, and the sweep looks before the
+    worker's take reaches Redis (a moment later; under load, or at its next renewal, later still). It must not take
+    the call for lost: swept then, the call ran twice (once from the pop, once from the sweep's delivery)."""
+    app, rd = short_leases(make_app)
+    queue = app.conf.task_default_queue
+    call = echo_task(rd).apply_async(("backlog",))
+    assert rd.tick()["released"] == 1
+    pushed = redis_ms(client)
+    wait_for(lambda: redis_ms(client) > pushed + 1500, WAIT, "the call to wait in its list past its lease")
+    assert rd.tick()["requeued"] == 0, "still in its list"
+    popped = client.brpop([queue], timeout=5)  # a live worker pops it; its take is on the way
+    assert popped is not None
+    tag = str(json.loads(popped[1])["properties"]["delivery_tag"])
+    assert rd.tick()["requeued"] == 0, "popped a moment ago: its worker's take may be on the way"
+    assert rd.store.lease("w1", LONG_MS, [(call.id, tag)], -1) == [], "the take, late, holds it"
+    missed = redis_ms(client)
+    wait_for(lambda: redis_ms(client) > missed + 1500, WAIT, "a lease and a half to pass")
+    assert rd.tick()["requeued"] == 0, "held: not swept"
+    held = entry(rd, call.id)
+    assert (held.meta["s"], held.meta["d"], held.meta["h"]) == ("queued", 1, "w1")
+
+
 def test_a_call_popped_from_a_list_too_long_to_look_through_is_swept_by_the_oldest_message_left(
     make_app: MakeApp, client: redis.Redis
 ) -> None:

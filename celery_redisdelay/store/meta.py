@@ -43,6 +43,8 @@ class CallMeta(TypedDict, total=False):
     rj: int  # the delivery its worker rejected with requeue: a start of it written later is stale
     lg: str  # the gate of the limits it is under (store/limits.py)
     lw: int  # its due time, while it waits in its gate (s 'limited')
+    mi: int  # when the sweep first found it popped from its list and held by no one (ms), at delivery md
+    md: int
 
 
 def routed(limits: Limits, list_key: str) -> CallMeta:

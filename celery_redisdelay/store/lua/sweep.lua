@@ -21,13 +21,17 @@
 --   every call at or below it has been looked at), at most QUEUED_STEP of them. A call still queued, held by
 --   no one, pushed by release.lua onto one of the lists in KEYS, whose delivery kombu has not noted, is looked
 --   for in its list from the oldest end (LPOS over a list of at most LIST_SCAN entries, SCAN_BUDGET entries a
---   sweep in all): a call in neither place was lost with its worker, and is swept. A longer list is not looked
---   through: it drains from its oldest end, so a call pushed before the oldest message still in it (one of this
---   store's, at its call's current delivery, still queued) has been popped, and is swept; one pushed with it or
---   after it may still be there. A call still in its list, or in a list too long to tell, holds the cursor before
---   it, so that it is looked at again by the next
---   sweeps (the list drains in order) until it is RECHECK_LEASES leases old: the cursor then passes it, and
---   it waits for the queue timeout if it is lost later. The calls after it in the page are still looked at.
+--   sweep in all): a call in neither place has been popped. A longer list is not looked through: it drains from
+--   its oldest end, so a call pushed before the oldest message still in it (one of this store's, at its call's
+--   current delivery, still queued) has been popped; one pushed with it or after it may still be there. A popped
+--   call is swept once it has been found in neither place, and in no worker's hands, for a whole lease (meta.mi:
+--   when it was first missed, at delivery meta.md): its worker takes it a moment after its pop, or at its next
+--   renewal, so one that did not was lost with its worker. (Swept when first missed, a call a busy worker had
+--   just popped, its take still on the way, ran twice: a backlog older than a lease made that likely.) A call
+--   still in its list, or in a list too long to tell, holds the cursor before it, so that it is looked at again by
+--   the next sweeps (the list drains in order) until it is RECHECK_LEASES leases old: the cursor then passes it,
+--   and it waits for the queue timeout if it is lost later; a call missed holds it until it is taken or swept.
+--   The calls after it in the page are still looked at.
 --   Calls pushed through kombu, and calls a warm shutdown gave back (meta.b: kombu put them back in its own
 --   form), cannot be looked for in a list, and wait for the queue timeout.
 -- KEYS[FIXED_KEYS + 1], KEYS[FIXED_KEYS + 2] (where the broker is this Redis): kombu's unacked hash and its index;
@@ -78,7 +82,7 @@ local function sweep_call(id, meta)
         buried = buried + 1
     else
         redis.call('ZREM', INFLIGHT, id)
-        meta.s, meta.b = 'swept', nil
+        meta.s, meta.b, meta.mi, meta.md = 'swept', nil, nil, nil
         unheld(meta)
         free_slots(id, meta)
         save_meta(id, meta)
@@ -175,6 +179,21 @@ if UNACKED and lease and default_queue_ms and next(queue_lists) then
         -- From the oldest end, where a call pushed a lease ago is, if it is still there (MAXLEN: never more).
         return redis.call('LPOS', list, message, 'RANK', -1, 'MAXLEN', length) and 'there' or 'gone'
     end
+    -- When a call was first found in neither its list nor a worker's hands, at its current delivery (ms): noted now
+    -- if it was not. A worker that popped it takes it under its lease a moment later, or at its next renewal if that
+    -- take did not reach Redis (under load, or in an outage): a call still missing a lease after it was first
+    -- missed was lost with its worker. Swept at once, a call a busy worker had just popped would run twice. The
+    -- note is written into the metadata as it is stored (a first delivery keeps the form the park gave it).
+    local function missing_since(id, meta)
+        local stored = load_meta(id)
+        local since = tonumber(stored.mi)
+        if since and tonumber(stored.md) == tonumber(meta.d) then
+            return since
+        end
+        stored.mi, stored.md = now, meta.d
+        save_meta(id, stored)
+        return now
+    end
     local seen = redis.call('HGET', HISTORY, 'queued_seen') or '-inf'
     -- A step of the release gives its calls one deadline: a page holds more than a step, so that the cursor,
     -- which moves from one whole score to the next, finds the end of one.
@@ -189,9 +208,10 @@ if UNACKED and lease and default_queue_ms and next(queue_lists) then
         end
         local meta = load_inflight_meta(id)
         local where = whereabouts(id, meta, score)
-        if where == 'gone' then
+        local missing = where == 'gone' and missing_since(id, meta)
+        if missing and now - missing >= lease then
             sweep_call(id, meta)
-        elseif where == 'there' and not blocked and score - default_queue_ms > recheck_before then
+        elseif (missing or where == 'there') and not blocked and (missing or score - default_queue_ms > recheck_before) then
             blocked = score  -- the cursor stays before it; the calls after it are still looked at
         end
     end

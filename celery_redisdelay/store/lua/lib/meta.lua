@@ -13,7 +13,7 @@
 --       c 1 when its run, if cut short with its worker, is dead-lettered rather than run again (the task's
 --       contract, worker/contract.py; set by the start), st when that run started (ms);
 --       lg the call's gate when it is under limits (see "Limits"), lw its due time while it waits in the gate
---       (s 'limited')
+--       (s 'limited'); mi when the sweep first found it popped and held by no one, at delivery md (sweep.lua)
 
 -- Corrupt metadata must not stop a loop: it decodes to an empty table. (A table that cannot be
 -- encoded again, say a number out of range, would make save_meta fail the whole script.)
