@@ -114,6 +114,10 @@ class RabbitSetup:
     def logs(self) -> str:
         return "\n".join(process.output()[-4000:] for process in self.workers)
 
+    def lines_about(self, call_id: str) -> list[str]:
+        """Every line of the workers' output that names ``call_id``."""
+        return [line for process in self.workers for line in process.output().splitlines() if call_id in line]
+
     def stop(self) -> None:
         for process in self.workers:
             process.stop()
@@ -374,6 +378,10 @@ def test_a_broker_restart_during_the_release_loses_nothing(setup: RabbitSetup, r
         wait_for(lambda: proj.rd.stats()["inflight"] == 0 and proj.rd.stats()["delayed"] == 0, 60, "the store empty")
     except TimeoutError:
         print(proj.rd.stats(), setup.logs())
+        ran = {run["value"] for run in setup.runs(key)}
+        for value, call in enumerate(calls):
+            if value not in ran:  # what the store and the workers say of each call that did not run
+                print(value, proj.rd.find(call.id), *setup.lines_about(call.id), sep="\n  ")
         raise
     runs = [run["value"] for run in setup.runs(key)]
     assert sorted(set(runs)) == list(range(len(calls))), "every call ran"
