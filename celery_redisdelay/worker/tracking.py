@@ -13,6 +13,7 @@ the task: the call stays in flight and the sweep delivers it again (at-least-onc
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ def connect(depot: Depot) -> None:
     # Runs of parked calls, until they end, counted by call: under the threads, gevent and eventlet pools one call's
     # runs may overlap in a process (a run deferred behind a lock ends after the wake-up's delivery has started).
     tracked: Counter[str] = Counter()
+    counting = threading.Lock()  # two threads' runs of one call: neither count may be lost
     outbox = depot.outbox
 
     def ours(task: Any) -> bool:
@@ -72,7 +74,8 @@ def connect(depot: Depot) -> None:
         if not request_from_store(request) or not owns(sender):
             return
         drop_mark(request)
-        tracked[task_id] += 1
+        with counting:
+            tracked[task_id] += 1
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
         # for this worker too, should it come first, under the name the leases use.
         worker = depot.worker_name or getattr(request, "hostname", None) or ""
@@ -84,11 +87,14 @@ def connect(depot: Depot) -> None:
     def on_postrun(
         sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
     ) -> None:
-        if task_id is None or not tracked[task_id]:
+        if task_id is None:
             return
-        tracked[task_id] -= 1
-        if not tracked[task_id]:
-            del tracked[task_id]
+        with counting:
+            if not tracked[task_id]:
+                return
+            tracked[task_id] -= 1
+            if not tracked[task_id]:
+                del tracked[task_id]
         if state is not None and finishes_call(state, retval):
             outbox.ack(task_id)
 
