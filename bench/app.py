@@ -22,6 +22,8 @@ Configured from the environment, which ``python -m bench`` sets for every proces
 ``REDISDELAY_BENCH_TRACK``
     ``1`` sets ``redisdelay_track_due_now=True`` (with all tasks: their calls due now are tracked too); otherwise a
     bench app with all tasks sets it False, whatever the package's default.
+``REDISDELAY_BENCH_WORKER_LOST``
+    ``redisdelay_worker_lost`` (``dead_letter`` or ``run_again``); unset, the package's default for each task.
 
 The bench process builds further apps with :func:`build` (for example one with precise release on to
 park calls for the precise releaser); tasks are named explicitly, so every app and worker agree.
@@ -52,6 +54,7 @@ from .common import (
     ENV_TICK,
     ENV_TRACK,
     ENV_URL,
+    ENV_WORKER_LOST,
     KEY_PREFIX,
     PRECISE_OFF,
     PRECISE_ON,
@@ -93,6 +96,7 @@ def build(
     all_tasks: bool = False,
     kombu_unacked: bool = False,
     track: bool = False,
+    worker_lost: str | None = None,
 ) -> BenchApp:
     """A benchmark app on the Redis at ``url`` (no database in the URL).
 
@@ -127,6 +131,8 @@ def build(
         conf["redisdelay_skip_unacked"] = False
     if lease is not None:
         conf.update(redisdelay_lease=lease, redisdelay_lease_renewal=lease / 3)
+    if worker_lost:
+        conf["redisdelay_worker_lost"] = worker_lost
     app.conf.update(conf)
     rd = RedisDelay(app)
     marks = redis.Redis.from_url(f"{url}/0")
@@ -182,6 +188,7 @@ def from_environment() -> BenchApp:
         all_tasks=os.environ.get(ENV_ALL_TASKS) == "1",
         kombu_unacked=os.environ.get(ENV_KOMBU_UNACKED) == "1",
         track=os.environ.get(ENV_TRACK) == "1",
+        worker_lost=os.environ.get(ENV_WORKER_LOST) or None,
         set_as_current=True,
     )
 

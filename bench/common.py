@@ -17,6 +17,7 @@ ENV_LEASE = "REDISDELAY_BENCH_LEASE"
 ENV_ALL_TASKS = "REDISDELAY_BENCH_ALL_TASKS"
 ENV_KOMBU_UNACKED = "REDISDELAY_BENCH_KOMBU_UNACKED"
 ENV_TRACK = "REDISDELAY_BENCH_TRACK"
+ENV_WORKER_LOST = "REDISDELAY_BENCH_WORKER_LOST"
 
 #: ``REDISDELAY_BENCH_PRECISE``: ``1`` sets ``redisdelay_precise_release=True``, ``off`` sets it False (workers
 #: release nothing), anything else leaves the package's default (every worker runs a precise releaser).
