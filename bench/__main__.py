@@ -155,6 +155,15 @@ worker_memory_rabbitmq
     RSS growth of a solo worker on RabbitMQ with 5,000 [500] calls parked an hour ahead, against a plain solo
     worker sent as many countdown tasks, measured once the queue stops draining into it (Celery raises its prefetch
     one eta task at a time; at most 3 minutes). Reported, no target.
+e2e_rabbitmq
+    Delayed calls end to end on a RabbitMQ node of its own (skipped without ``rabbitmq-server``): 5,000 [300] calls of a
+    task that records its start (a TIME and an RPUSH) and does nothing else, all due 10 [2] s after the first send; ours
+    parked in the bench's Redis and released to RabbitMQ as they fall due by the releaser in our worker, at the
+    package's default (a tick's pace), against plain Celery's eta tasks (an app without the extension) held by its
+    worker until due; one ``-P prefork -c 2`` worker per side at Celery's default prefetch (4), each on its own queue of
+    the same node. Per side: drain rate (calls over due time to last start), lateness p50/p99 (start minus due, Redis
+    clock) and the worker's RSS growth; the sides take turns over two rounds after a warm-up. Rows: drain rate and p99
+    lateness; reported, no target.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ from .conftest import run_module
 
 #: Seconds: the quick run took 230 s to its recovery figure with the rest of the suite on the machine, before the
 #: figures of tracked calls due now were added; pause_fleet adds about 35 s (two workers started), e2e_due_now_io
-#: about 30 s and workers_releasing about 45 s (four workers started, two 5 s windows, 3 s of calls) on a busy machine.
-BENCH_TIMEOUT = 660  # the quick bench, with probe_cost (about 45 s) and exporter_scrape
+#: about 30 s and workers_releasing about 45 s (four workers started, two 5 s windows, 3 s of calls) on a busy machine;
+#: e2e_rabbitmq about 50 s (a RabbitMQ node and two workers started, six rounds of calls due 2 s ahead).
+BENCH_TIMEOUT = 720  # the quick bench, with probe_cost (about 45 s) and exporter_scrape
 FIGURES = (
     "park_single",
     "park_bulk",
@@ -47,6 +48,7 @@ FIGURES = (
     "workers_releasing",
     "release_rabbitmq",  # skipped, in a row saying so, without rabbitmq-server
     "worker_memory_rabbitmq",
+    "e2e_rabbitmq",
 )
 NOT_IMPLEMENTED = "not implemented"
 SKIPPED = "skipped"  # the cluster figure, on a redis-server older than 7.0 (no --cluster-port)

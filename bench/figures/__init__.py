@@ -17,7 +17,7 @@ from .limits import limits
 from .park import park_bulk, park_single, send_due_now
 from .pause_fleet import pause_fleet
 from .probe_cost import probe_cost
-from .rabbitmq import release_rabbitmq, worker_memory_rabbitmq
+from .rabbitmq import e2e_rabbitmq, release_rabbitmq, worker_memory_rabbitmq
 from .recovery import long_run, long_run_due_now, recovery, recovery_due_now
 from .redis_memory import redis_memory_per_call
 from .release import release
@@ -58,4 +58,5 @@ FIGURES: dict[str, Figure] = {
     "workers_releasing": workers_releasing,
     "release_rabbitmq": release_rabbitmq,
     "worker_memory_rabbitmq": worker_memory_rabbitmq,
+    "e2e_rabbitmq": e2e_rabbitmq,
 }
