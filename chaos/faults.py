@@ -178,7 +178,7 @@ class Injector(threading.Thread):
             fault.replacement = f"{new.name} pid {new.pid}"
         elif fault.kind in REDIS_FAULTS:
             role = "broker" if fault.kind in (BROKER_RESTART, BROKER_KILL) else "store"
-            fault.target = f"{role} redis-server pid {self.topology.pid(role)}"
+            fault.target = f"{role} {self.topology.server_name(role)} pid {self.topology.pid(role)}"
             fault.detail, fault.wall = self.topology.fail(role, kill=fault.kind in (REDIS_KILL, BROKER_KILL))
             fault.replacement = f"pid {self.topology.pid(role)}"
         elif fault.kind == CLIENT_KILL:

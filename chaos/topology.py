@@ -86,6 +86,10 @@ class Topology(ABC):
     def pid(self, role: str) -> int | None:
         """The pid of the store's (master) or the broker's redis-server."""
 
+    def server_name(self, role: str) -> str:
+        """What serves ``role`` ("store" or "broker"), for the fault's line."""
+        return "redis-server"
+
     @abstractmethod
     def fail(self, role: str, *, kill: bool) -> tuple[str, float]:
         """Restart the store's or the broker's Redis with SIGTERM, or SIGKILL it (``kill``), and wait until
@@ -272,4 +276,54 @@ class Sentinels(Topology):
             f"redis-server {self.version()} ({self.group.binary}), appendfsync {self.fsync}: master port "
             f"{self.group.master_port()}, replica port {self.group.replica_port()}, {SENTINELS} sentinels "
             f"(ports {ports}, quorum {self.group.quorum}); broker {self.broker_url} and the store behind them"
+        )
+
+
+class StoreAndRabbit(Standalone):
+    """The store on a durable redis-server, the broker a RabbitMQ node of its own (Debian's ``rabbitmq-server``,
+    :class:`celery_redisdelay.testing.rabbitmq.RabbitMQServer`). A fault of the broker is a restart of the node
+    (SIGTERM, then a start on the same ports and data): its durable queues and their persistent messages survive it,
+    every client's connection breaks. A SIGKILL of the node is not a fault of this layout."""
+
+    def __init__(self, run_dir: Path, fsync: str = "everysec") -> None:
+        from celery_redisdelay.testing.rabbitmq import RabbitMQServer
+
+        super().__init__(run_dir, fsync)
+        self.name = "RabbitMQ broker"
+        self.rabbit = RabbitMQServer(directory=run_dir / "rabbitmq")
+
+    def start(self) -> None:
+        super().start()
+        self.rabbit.start()
+
+    def stop(self) -> None:
+        self.rabbit.stop()
+        super().stop()
+
+    @property
+    def broker_url(self) -> str:
+        return self.rabbit.url
+
+    def broker_client(self) -> redis.Redis:
+        raise TypeError("the broker is RabbitMQ: no Redis client")
+
+    def pid(self, role: str) -> int | None:
+        return self.rabbit.pid if role == "broker" else self.store.pid
+
+    def server_name(self, role: str) -> str:
+        return "RabbitMQ node" if role == "broker" else "redis-server"
+
+    def fail(self, role: str, *, kill: bool) -> tuple[str, float]:
+        if role != "broker":
+            return super().fail(role, kill=kill)
+        if kill:
+            raise ValueError("a RabbitMQ node is restarted, not SIGKILLed, in this layout")
+        signalled = time.time()
+        down = self.rabbit.restart()
+        return f"RabbitMQ node restarted (SIGTERM, then started on its data), down {down:.2f}s", signalled
+
+    def describe(self) -> str:
+        return (
+            f"redis-server {self.version()} ({self.store.binary}), appendfsync {self.store.fsync}: store on "
+            f"{self.store.url}; broker: RabbitMQ on {self.rabbit.url}"
         )

@@ -371,18 +371,53 @@ def test_a_very_short_battle_loses_no_parked_call(tmp_path: Path) -> None:
         *("--releaser-kills", "4", "--redis-kills", "4", "--client-kills", "4", "--json", str(out)),
         timeout=120,
     )
-    print(output)
-    report = json.loads(out.read_text())
+    report = judged(out, output, {"worker_kill", "releaser_kill", "redis_kill", "client_kill"})
+    assert len(report["outcome"]["recovery"]) == 4 and report["memory"], output
+    assert status == 0, output
 
+
+def judged(out: Path, output: str, faults: set[str]) -> dict[str, Any]:
+    """The report of a very short battle, checked: no parked call lost, none early, no duplicate unexplained, no
+    cancelled call run, no key left, and exactly ``faults`` injected."""
+    print(output)
+    report: dict[str, Any] = json.loads(out.read_text())
     outcome = report["outcome"]
     assert outcome["sent"] > 0 and outcome["lost"]["parked_beyond_bound"] == 0, output
     assert outcome["early"]["total"] == 0 and outcome["duplicates"]["unexplained"] == 0, output
     assert outcome["cancelled_but_ran_count"] == 0 and report["keys"]["leaked"] == [], output
-    assert {kind for kind, count in report["faults"]["counts"].items() if count["injected"]} == {
-        "worker_kill",
-        "releaser_kill",
-        "redis_kill",
-        "client_kill",
-    }, output
-    assert len(outcome["recovery"]) == 4 and report["memory"], output
+    assert {kind for kind, count in report["faults"]["counts"].items() if count["injected"]} == faults, output
+    return report
+
+
+def test_the_rabbitmq_broker_takes_broker_restarts_and_leaves_calls_due_now_to_celery() -> None:
+    from chaos.battle.main import RABBITMQ_RESTARTS, parse_args
+
+    args = parse_args(["--broker", "rabbitmq"])
+    assert args.broker_restart == RABBITMQ_RESTARTS and not args.track_due_now  # tracked only on a Redis broker
+    assert parse_args(["--broker", "rabbitmq", "--broker-restarts", "2"]).broker_restart == 2.0
+    assert parse_args([]).broker_restart == 0.0  # the store's Redis is the broker: its faults are the Redis ones
+    with pytest.raises(SystemExit):
+        parse_args(["--broker", "rabbitmq", "--track-due-now"])
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_very_short_battle_on_rabbitmq_loses_no_parked_call(tmp_path: Path) -> None:
+    from celery_redisdelay.testing.rabbitmq import INSTALL_HINT, available
+
+    if not available():
+        pytest.skip(f"RabbitMQ is not installed ({INSTALL_HINT})")
+    out = tmp_path / "battle.json"
+    status, output = run_module(
+        "chaos",
+        *("--battle", "--broker", "rabbitmq", "--minutes", "0.3", "--rate", "20", "--countdown-scale", "0.01"),
+        *("--seed", "3", "--lease", "4", "--visibility-timeout", "10", "--settle", "5", "--quiet", "0"),
+        *("--mix", "sleep=0", "--workers", "prefork:1,threads:2", "--worker-kills", "4", "--worker-terms", "0"),
+        *("--beat-kills", "0", "--releaser-kills", "4", "--redis-kills", "0", "--client-kills", "0"),
+        *("--broker-restarts", "3", "--json", str(out)),
+        timeout=220,
+    )
+    report = judged(out, output, {"worker_kill", "releaser_kill", "broker_restart"})
+    assert report["settings"]["broker"] == "rabbitmq", output
     assert status == 0, output

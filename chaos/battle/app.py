@@ -34,6 +34,7 @@ from .config import (
     ENDS,
     ENV_ACKS_LATE,
     ENV_BATCH,
+    ENV_BROKER_URL,
     ENV_KOMBU_UNACKED,
     ENV_LEASE,
     ENV_LEDGER_URL,
@@ -56,14 +57,16 @@ from .config import (
 )
 
 URL = os.environ.get(ENV_URL, "redis://127.0.0.1:6379/0")
+BROKER_URL = os.environ.get(ENV_BROKER_URL) or URL  # a RabbitMQ node (``--broker rabbitmq``), else the store's Redis
+AMQP = BROKER_URL.startswith("amqp")
 LEDGER_URL = os.environ.get(ENV_LEDGER_URL, "redis://127.0.0.1:6380/0")
 PLAIN = os.environ.get(ENV_PLAIN) == "1"
 VISIBILITY_TIMEOUT = float(os.environ.get(ENV_VISIBILITY) or 3600)
 BATCH_SIZE, BATCH_MAX_WAIT = (float(part) for part in (os.environ.get(ENV_BATCH) or "10,5").split(","))
 
-app = Celery("battle", broker=URL, set_as_current=True)
+app = Celery("battle", broker=BROKER_URL, set_as_current=True)
 app.conf.update(
-    broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+    broker_transport_options={} if AMQP else {"visibility_timeout": VISIBILITY_TIMEOUT},
     task_default_queue=QUEUE,
     task_queues=[Queue(name, Exchange(name), routing_key=name) for name in (QUEUE, TICK_QUEUE)],
     task_routes={"redisdelay.tick": {"queue": TICK_QUEUE}},  # the README's advice: the tick on its own queue

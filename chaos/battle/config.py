@@ -8,6 +8,8 @@ from __future__ import annotations
 
 #: The store's and the broker's URL (one redis-server, as an adopting user runs it).
 ENV_URL = "REDISDELAY_BATTLE_URL"
+#: The broker's URL when it is not the store's redis-server (``--broker rabbitmq``: ``amqp://...``).
+ENV_BROKER_URL = "REDISDELAY_BATTLE_BROKER_URL"
 #: The ledger's URL: a redis-server of its own, never faulted.
 ENV_LEDGER_URL = "REDISDELAY_BATTLE_LEDGER_URL"
 #: ``1``: plain Celery, no extension (the twin run).

@@ -16,7 +16,7 @@ from typing import Any
 from bench.provenance import software
 
 from ..cluster import ROOT
-from ..faults import BEAT_KILL, CLIENT_KILL, REDIS_KILL, REDIS_RESTART, RELEASER_KILL, WORKER_KILL
+from ..faults import BEAT_KILL, BROKER_RESTART, CLIENT_KILL, REDIS_KILL, REDIS_RESTART, RELEASER_KILL, WORKER_KILL
 from ..run import say, seconds_since_start
 from . import __doc__ as usage
 from .analysis import LATE_SECONDS, Outcome
@@ -34,7 +34,10 @@ RATES = {
     REDIS_KILL: 0.1,
     REDIS_RESTART: 0.0,
     CLIENT_KILL: 0.5,
+    BROKER_RESTART: 0.0,  # the store's redis-server is the broker: its faults are the Redis ones above
 }
+#: Broker restarts per minute with ``--broker rabbitmq``, unless given: one in a 3-minute run.
+RABBITMQ_RESTARTS = 0.34
 DEBIAN_REDIS = "/usr/bin/redis-server"
 #: 20 runs at a time: at 250 calls/s the sleeping calls (5 %, 0.8 s on average) and the locked ones (4 %, 0.175 s)
 #: keep about 12 of them busy sleeping, so the 8 of prefork:2,prefork:2,threads:4 held the rate near 150/s
@@ -56,10 +59,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", default=DEFAULT_WORKERS, help=f"pool:concurrency per worker ({DEFAULT_WORKERS})")
     parser.add_argument("--plain", action="store_true", help="plain Celery, no extension (the twin run)")
     parser.add_argument("--server", default=None, help="redis, valkey, or a server binary (default: as the tests)")
+    parser.add_argument(
+        "--broker",
+        choices=("redis", "rabbitmq"),
+        default="redis",
+        help="the store's redis-server (redis, the default), or a RabbitMQ node of its own (Debian's "
+        f"rabbitmq-server), restarted --broker-restarts times a minute ({RABBITMQ_RESTARTS:g})",
+    )
     faults = parser.add_argument_group("faults per minute")
     for kind in FAULT_KINDS:
         option = "--" + kind.replace("_", "-") + "s"
-        faults.add_argument(option, dest=kind, type=float, default=RATES[kind], help=f"({RATES[kind]:g})")
+        if kind == BROKER_RESTART:
+            help_text = f"({RATES[kind]:g}; {RABBITMQ_RESTARTS:g} with --broker rabbitmq)"
+            faults.add_argument(option, dest=kind, type=float, default=None, help=help_text)
+        else:
+            faults.add_argument(option, dest=kind, type=float, default=RATES[kind], help=f"({RATES[kind]:g})")
     parser.add_argument(
         "--visibility-timeout",
         type=float,
@@ -104,7 +118,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--track-due-now, --untracked and --kombu-unacked are settings of the extension: not with --plain")
     if args.track_due_now and args.untracked:
         parser.error("--track-due-now and --untracked contradict each other")
-    args.track_due_now = not (args.plain or args.untracked)
+    if args.broker == "rabbitmq" and args.track_due_now:
+        parser.error("--track-due-now needs a Redis broker: on RabbitMQ the calls due now take Celery's own path")
+    if args.broker_restart is None:
+        args.broker_restart = RABBITMQ_RESTARTS if args.broker == "rabbitmq" else RATES[BROKER_RESTART]
+    args.track_due_now = not (args.plain or args.untracked or args.broker == "rabbitmq")
     try:
         args.shares = parse_shares(args.mix)
         args.pools = parse_pools(args.workers)
@@ -167,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             "seed": seed,
             "plain": args.plain,
+            "broker": args.broker,
             "minutes": args.minutes,
             "rate": args.rate,
             "shares": args.shares,

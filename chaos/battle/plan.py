@@ -19,7 +19,16 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..faults import BEAT_KILL, CLIENT_KILL, REDIS_KILL, REDIS_RESTART, RELEASER_KILL, WORKER_KILL, Fault
+from ..faults import (
+    BEAT_KILL,
+    BROKER_RESTART,
+    CLIENT_KILL,
+    REDIS_KILL,
+    REDIS_RESTART,
+    RELEASER_KILL,
+    WORKER_KILL,
+    Fault,
+)
 from .config import LOCK_SLOTS
 
 NOW, COUNTDOWN, SLEEP, RETRY, BATCH, LOCK, CANCEL = "now", "countdown", "sleep", "retry", "batch", "lock", "cancel"
@@ -37,7 +46,16 @@ CANCEL_MARGIN = 3.0
 BATCH_KEYS = 4
 
 WORKER_TERM = "worker_term"
-FAULT_KINDS = (WORKER_KILL, WORKER_TERM, BEAT_KILL, RELEASER_KILL, REDIS_KILL, REDIS_RESTART, CLIENT_KILL)
+FAULT_KINDS = (
+    WORKER_KILL,
+    WORKER_TERM,
+    BEAT_KILL,
+    RELEASER_KILL,
+    REDIS_KILL,
+    REDIS_RESTART,
+    CLIENT_KILL,
+    BROKER_RESTART,
+)
 #: Faults fall between these shares of the sending time.
 EARLIEST, LATEST = 0.05, 0.95
 

@@ -1,7 +1,8 @@
 """One battle: the servers, the processes, the producers, the faults, the samples, the drain, the ledger read.
 
 The store and the broker share one durable redis-server (``chaos/topology.py``, ``appendonly yes``,
-``appendfsync everysec``); the ledger is a redis-server of its own that no fault touches. The producers are
+``appendfsync everysec``), or with ``--broker rabbitmq`` the broker is a RabbitMQ node of its own (classic durable
+queues, Celery's default); the ledger is a redis-server of its own that no fault touches. The producers are
 threads of the runner, sending at ``--rate`` calls a second in all, as an application does: ``apply_async``,
 ``add`` for a batch item, ``rd.cancel`` (``revoke`` with plain Celery) for a cancel. A send that raises (Redis
 down) is made again with the same task id, as a careful application would, and noted: a call due now sent
@@ -31,7 +32,7 @@ from celery_redisdelay.testing import RedisServer
 from ..faults import Clock, Fault
 from ..measure import children_of, inventory, rss_kib
 from ..run import run_producers, say
-from ..topology import Standalone
+from ..topology import Standalone, StoreAndRabbit
 from .analysis import CELERY_ETA, CELERY_NOW, PARKED, TRACKED, WORKER_LOST
 from .config import (
     CANCELS,
@@ -39,6 +40,7 @@ from .config import (
     ENDS,
     ENV_ACKS_LATE,
     ENV_BATCH,
+    ENV_BROKER_URL,
     ENV_KOMBU_UNACKED,
     ENV_LEASE,
     ENV_LEDGER_URL,
@@ -86,7 +88,9 @@ class Battle:
         self.pools = pools
         self.plain = bool(args.plain)
         self.ledger_server = RedisServer(directory=run_dir / "ledger")
-        self.topology = Standalone(run_dir, "everysec")
+        self.rabbit = args.broker == "rabbitmq"
+        self.topology = StoreAndRabbit(run_dir, "everysec") if self.rabbit else Standalone(run_dir, "everysec")
+        self._broker: Any = None  # a kombu connection to the RabbitMQ node, for its queue's depth
         self.cluster: BattleCluster | None = None
         self.injector: BattleInjector | None = None
         self.app: ModuleType | None = None
@@ -111,12 +115,12 @@ class Battle:
     def start(self) -> None:
         self.ledger_server.start()
         self.topology.start()
-        say(
-            f"store and broker: {self.topology.store.version()} ({self.topology.store.binary}) on "
-            f"{self.topology.store.url}, appendfsync everysec; ledger on {self.ledger_server.url}"
-        )
+        say(f"{self.topology.describe()}; ledger on {self.ledger_server.url}")
+        if isinstance(self.topology, StoreAndRabbit):
+            say(f"RabbitMQ started in {self.topology.rabbit.startup_seconds:.1f}s")
         env = {
             ENV_URL: self.topology.store_url,
+            ENV_BROKER_URL: self.topology.broker_url if self.rabbit else "",
             ENV_LEDGER_URL: f"{self.ledger_server.url}/0",
             ENV_PLAIN: "1" if self.plain else "0",
             ENV_VISIBILITY: str(self.args.visibility_timeout),
@@ -168,6 +172,8 @@ class Battle:
             self.cluster.close()
         if self.ledger is not None:
             self.ledger.close()
+        if self._broker is not None:
+            self._broker.release()
         self.topology.stop()
         self.ledger_server.terminate()
 
@@ -316,8 +322,11 @@ class Battle:
                 row["redis_used_memory"] = int(memory["used_memory"])
                 row["redis_rss"] = int(memory["used_memory_rss"])
                 row["dbsize"] = int(client.dbsize())
-                row["queue"] = int(client.llen(QUEUE))
-                row["unacked"] = int(client.hlen("unacked"))
+                if not self.rabbit:
+                    row["queue"] = int(client.llen(QUEUE))
+                    row["unacked"] = int(client.hlen("unacked"))
+            if self.rabbit:
+                row["queue"] = self.broker_depth()
             if not self.plain and self.app is not None:
                 stats = self.app.rd.stats()
                 row["parked"] = int(stats["delayed"])
@@ -409,11 +418,15 @@ class Battle:
         if self._cancels:
             return False
         try:
-            with self.topology.store_client() as client:
-                if client.llen(QUEUE):
+            if self.rabbit:
+                if self.broker_depth() or self.broker_unacknowledged():
                     return False
-                if any(TICK not in value for value in client.hvals("unacked")):
-                    return False
+            else:
+                with self.topology.store_client() as client:
+                    if client.llen(QUEUE):
+                        return False
+                    if any(TICK not in value for value in client.hvals("unacked")):
+                        return False
             if not self.plain:
                 assert self.app is not None
                 stats = self.app.rd.stats()
@@ -421,6 +434,32 @@ class Battle:
         except Exception:  # noqa: BLE001 - Redis still restarting: not settled
             return False
         return True
+
+    def broker_depth(self) -> int:
+        """The messages ready in the battle's queue on the RabbitMQ node (a passive declare); a broken connection is
+        made again at the next call."""
+        assert isinstance(self.topology, StoreAndRabbit)
+        if self._broker is None:
+            from kombu import Connection
+
+            self._broker = Connection(self.topology.broker_url, connect_timeout=5)
+        try:
+            return self.topology.rabbit.queue_depth(self._broker, QUEUE)
+        except Exception:
+            self._broker.release()
+            self._broker = None
+            raise
+
+    def broker_unacknowledged(self) -> int:
+        """The messages of the battle's queue that consumers hold unacknowledged (``rabbitmqctl``: a second of an
+        Erlang VM's start, so only the drain asks): plain Celery's eta messages wait there until due."""
+        assert isinstance(self.topology, StoreAndRabbit)
+        out = self.topology.rabbit.ctl("list_queues", "-q", "name", "messages_unacknowledged")
+        for line in out.splitlines():
+            name, _, count = line.strip().partition("\t")
+            if name == QUEUE:
+                return int(count)
+        return 0
 
     def expected(self) -> int:
         assert self.ledger is not None
