@@ -1,5 +1,5 @@
 # The commands the README shows; each goes through dev.py, which needs nothing but Python.
-.PHONY: demo test test-slow test-lowest test-pythons pythons lint bench wheel-demo release-check docs celery-suite battle-valkey
+.PHONY: demo test test-slow test-lowest test-pythons pythons lint bench wheel-demo release-check docs celery-suite battle-valkey battle-rabbitmq
 demo:
 	python3 dev.py demo
 test:
@@ -31,3 +31,7 @@ celery-suite:
 battle-valkey:
 	python3 dev.py battle --minutes 3 --rate 100 --countdown-scale 0.05 --visibility-timeout 60 --seed 37 \
 		--workers prefork:2,prefork:2,threads:4 --track-due-now --server valkey
+# The same battle with a RabbitMQ node as the broker (docs/rabbitmq.rst); add --plain for plain Celery's twin.
+battle-rabbitmq:
+	python3 dev.py battle --minutes 3 --rate 100 --countdown-scale 0.05 --visibility-timeout 60 --seed 37 \
+		--workers prefork:2,prefork:2,threads:4 --broker rabbitmq
