@@ -16,7 +16,6 @@ from celery import Celery
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.bootsteps import PreciseReleaseStep
-from celery_redisdelay.release import precise
 from celery_redisdelay.release.precise import PreciseReleaser
 from celery_redisdelay.testing import wait_for
 
@@ -103,31 +102,6 @@ def test_two_releasers_never_publish_a_call_twice(make_app: MakeApp, client: red
     with running(rd, longest_sleep=0.05), running(rd, longest_sleep=0.05):
         ids = [ping.apply_async((n,), countdown=(n % 5) / 10).id for n in range(300)]
         wait_for(lambda: len(published(client, rd)) >= 300, 30, "300 releases")
-    assert sorted(published(client, rd)) == sorted(ids)
-
-
-def test_a_ticks_pace_releaser_releases_a_backlog_its_round_left_without_waiting_a_tick(
-    make_app: MakeApp, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A round that ends on its budget with due calls left is followed by the next at once, at a tick's pace too.
-    On RabbitMQ a release is a confirmed publish a call, and 500 of them outlast the round's second: the worker's
-    releaser slept a whole tick after each, and drained a burst of due calls at a third of its speed. Here every
-    step outlasts the round's budget; the releaser sleeps 30 s between rounds when it sleeps."""
-    _, rd = make_app(redisdelay_release_batch=2)
-    ping = task_on(rd)
-    ids = [ping.apply_async((n,), countdown=0).id for n in range(6)]
-    client.delete(rd.keys.wake)  # no marker left to wake it: only the backlog may
-    releaser = rd.releasers.of(rd.store)
-    step = releaser.release_step
-
-    def slow_step(report: Any) -> bool:
-        threading.Event().wait(0.06)  # longer than the round's budget below: one step a round
-        return step(report)
-
-    monkeypatch.setattr(releaser, "release_step", slow_step)
-    monkeypatch.setattr(precise, "ROUND_BUDGET_SECONDS", 0.05)
-    with running(rd, longest_sleep=30.0, chase=False):
-        wait_for(lambda: len(published(client, rd)) == len(ids), 10, "the backlog, round after round")
     assert sorted(published(client, rd)) == sorted(ids)
 
 

@@ -76,9 +76,6 @@ class PreciseReleaser:
         self.client = connect(depot.settings)
         self.released = 0
         self.rounds = 0  # release rounds that released a call
-        #: Whether the last round ended on its budget with due calls left: the next one begins at once, whatever
-        #: the pace (a release through a broker's confirms, a round trip a call, can take longer than the budget).
-        self.backlog = False
         with depot.app.producer_or_acquire() as producer:
             self.errors: tuple[type[BaseException], ...] = (
                 redis.RedisError,
@@ -96,7 +93,7 @@ class PreciseReleaser:
         last = releaser.last_release
         if last is None or last.batch_due:
             releaser.flush_batches(report, deadline)
-        self.backlog = releaser.release(report, deadline)
+        releaser.release(report, deadline)
         self.released += report.released
         self.rounds += report.released > 0
         return report
@@ -132,8 +129,6 @@ class PreciseReleaser:
         ``BZPOPMIN`` timeout can end up to 100 ms late: the releaser blocks until shortly before the
         due time and sleeps the last stretch on its own clock.
         """
-        if self.backlog:
-            return
         wait = self.seconds_to_next()
         if wait <= 0:
             return

@@ -224,13 +224,9 @@ class Releaser:
         while time.monotonic() < deadline and self.sweep_step(report):
             pass
 
-    def release(self, report: TickReport, deadline: float) -> bool:
-        """Release due calls, step by step, until none is left or ``deadline``; whether more may be left (the
-        deadline came first)."""
-        while time.monotonic() < deadline:
-            if not self.release_step(report):
-                return False
-        return True
+    def release(self, report: TickReport, deadline: float) -> None:
+        while time.monotonic() < deadline and self.release_step(report):
+            pass
 
     def flush_batches(self, report: TickReport, deadline: float) -> None:
         while time.monotonic() < deadline and self.flush_step(report):
