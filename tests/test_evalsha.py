@@ -17,7 +17,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_redisdelay.store.calls import STORED, CallStore
-from celery_redisdelay.store.evalsha import Connections, DirectScript, direct_pool
+from celery_redisdelay.store.evalsha import Connections, DirectScript, _Lease, direct_pool, give_back_ended
 from celery_redisdelay.store.keys import Keyspace
 from celery_redisdelay.testing import RedisServer
 
@@ -122,10 +122,32 @@ def test_each_thread_has_a_connection_and_gives_it_back_when_it_ends(
             for thread in threads:
                 thread.join()
             gc.collect()
+            give_back_ended()  # what the next thread's first call does, before the threads of the next round start
         assert strict_client.zcard(store.keys.delayed) == 3 * 4 * 50
         assert 1 <= ours() <= 4, "more connections than threads at once: ended threads kept theirs"
     finally:
         observer.close()
+
+
+def test_an_ended_threads_connection_goes_back_outside_the_pools_lock(strict_client: redis.Redis) -> None:
+    """The garbage collector may finalize an ended thread's lease in a thread that holds the pool's lock, inside
+    ``get_connection``; redis-py 5's lock is not reentrant, and giving the connection back there hung every thread
+    (CI, at the lowest versions). The finalizer only notes it, and the next call gives it back."""
+    pool = strict_client.connection_pool
+    connection = pool.get_connection(*Connections(pool)._args)
+    lease = _Lease(pool, connection)
+
+    def finalize_under_the_pools_lock() -> None:
+        with pool._lock:  # where the garbage collector may run a finalizer
+            lease.__del__()
+
+    finalizing = threading.Thread(target=finalize_under_the_pools_lock, daemon=True)
+    finalizing.start()
+    finalizing.join(5)
+    assert not finalizing.is_alive(), "a lease's finalizer waited for the pool's lock"
+    lease.pid = -1  # its own finalizer, later, does nothing
+    assert connection in pool._in_use_connections, "not given back by the finalizer"
+    assert Connections(pool).get() is connection, "given back by the next call, which then takes it from the pool"
 
 
 def park_in_child(store: CallStore, queue: Any) -> None:

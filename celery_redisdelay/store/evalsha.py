@@ -18,6 +18,7 @@ and each of those ways through.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import inspect
 import os
@@ -46,16 +47,33 @@ def direct_pool(client: Any) -> Any | None:
     return pool
 
 
+#: The connections of threads that ended, waiting to go back to their pool. A lease's finalizer runs wherever the
+#: garbage collector runs it, possibly in a thread that holds that very pool's lock (inside ``get_connection``), and
+#: redis-py 5's lock is not reentrant: giving the connection back there hung the thread and then every other one.
+#: The finalizer only notes it; the next :meth:`Connections.get`, in any thread, gives it back.
+_ENDED: collections.deque[tuple[Any, Any]] = collections.deque()
+
+
+def give_back_ended() -> None:
+    """Give the connections of ended threads back to their pools (outside any pool's lock)."""
+    while _ENDED:
+        try:
+            pool, connection = _ENDED.popleft()
+        except IndexError:  # another thread took the last one
+            return
+        with contextlib.suppress(Exception):  # at interpreter exit the pool may be gone already
+            pool.release(connection)
+
+
 class _Lease:
-    """A connection taken from a pool for one thread; given back when the thread ends (its locals go)."""
+    """A connection taken from a pool for one thread; given back once the thread has ended (its locals go)."""
 
     def __init__(self, pool: Any, connection: Any) -> None:
         self.pool, self.connection, self.pid = pool, connection, os.getpid()
 
     def __del__(self) -> None:
         if self.pid == os.getpid():  # a copy in a forked child holds its parent's socket: leave it
-            with contextlib.suppress(Exception):  # at interpreter exit the pool may be gone already
-                self.pool.release(self.connection)
+            _ENDED.append((self.pool, self.connection))
 
 
 class Connections:
@@ -74,6 +92,8 @@ class Connections:
         self._args: tuple[str, ...] = ("EVALSHA",) if asks else ()
 
     def get(self) -> Any:
+        if _ENDED:
+            give_back_ended()
         lease: _Lease | None = getattr(self._local, "lease", None)
         if lease is None or lease.pid != os.getpid():
             lease = self._local.lease = _Lease(self.pool, self.pool.get_connection(*self._args))
