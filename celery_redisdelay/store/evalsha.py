@@ -51,16 +51,19 @@ def direct_pool(client: Any) -> Any | None:
 #: garbage collector runs it, possibly in a thread that holds that very pool's lock (inside ``get_connection``), and
 #: redis-py 5's lock is not reentrant: giving the connection back there hung the thread and then every other one.
 #: The finalizer only notes it; the next :meth:`Connections.get`, in any thread, gives it back.
-_ENDED: collections.deque[tuple[Any, Any]] = collections.deque()
+#: Each with the process that noted it: a forked child inherits the deque, and its parent's connections are not its own.
+_ENDED: collections.deque[tuple[int, Any, Any]] = collections.deque()
 
 
 def give_back_ended() -> None:
     """Give the connections of ended threads back to their pools (outside any pool's lock)."""
     while _ENDED:
         try:
-            pool, connection = _ENDED.popleft()
+            pid, pool, connection = _ENDED.popleft()
         except IndexError:  # another thread took the last one
             return
+        if pid != os.getpid():
+            continue
         with contextlib.suppress(Exception):  # at interpreter exit the pool may be gone already
             pool.release(connection)
 
@@ -73,7 +76,7 @@ class _Lease:
 
     def __del__(self) -> None:
         if self.pid == os.getpid():  # a copy in a forked child holds its parent's socket: leave it
-            _ENDED.append((self.pool, self.connection))
+            _ENDED.append((self.pid, self.pool, self.connection))
 
 
 class Connections:
