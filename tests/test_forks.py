@@ -10,6 +10,7 @@ import faulthandler
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +21,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.store import forks
@@ -293,3 +297,46 @@ def test_the_host_name_codec_is_looked_up_before_any_thread_of_ours_runs() -> No
     assert subprocess.run([*check, code.format("celery_redisdelay")], capture_output=True, text=True).stdout == "True\n"
     plain = subprocess.run([*check, code.format("celery, kombu, redis")], capture_output=True, text=True).stdout
     print(f"without the package: encodings.idna imported at start-up: {plain.strip()}")
+
+
+def test_a_fork_waits_for_a_tls_set_up_under_way_in_another_thread() -> None:
+    """A child forked while another thread set up a TLS connection could wait forever in its own first
+    ``SSLContext()``, on a lock OpenSSL held at the fork (a worker's pool processes over a ``rediss://`` store, one
+    child in a hundred): the fork waits for the set-up to end. Here a server that never answers keeps a
+    handshake going until its timeout; the fork is held back until then."""
+    handshake = 2.0
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        silent.settimeout(10)
+        client = forks.fork_safe(
+            redis.Redis(
+                host="127.0.0.1",
+                port=silent.getsockname()[1],
+                ssl=True,
+                ssl_cert_reqs="none",
+                ssl_check_hostname=False,
+                socket_timeout=handshake,
+                socket_connect_timeout=handshake,
+                retry=Retry(NoBackoff(), 0),
+            )
+        )
+        errors: list[BaseException] = []
+
+        def set_up() -> None:
+            try:
+                client.ping()
+            except redis.RedisError as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=set_up, daemon=True)
+        thread.start()
+        accepted, _ = silent.accept()  # the thread is inside the set-up: its handshake waits for an answer
+        try:
+            began = time.monotonic()
+            outcome = in_child(lambda: None)
+            held_back = time.monotonic() - began
+            thread.join(10)
+        finally:
+            accepted.close()
+    assert outcome == "ok"
+    assert [type(error) for error in errors] == [redis.TimeoutError]
+    assert held_back > handshake / 2, f"forked {held_back:.3f} s into a handshake of {handshake} s"

@@ -17,6 +17,12 @@ and producers fork too (multiprocessing, gunicorn ``--preload``, a test suite's 
   attribute waits forever. :class:`cached_property` here takes none: two threads may both work out a
   value, and the last one is kept, as on Python 3.12.
 
+* **OpenSSL's own locks**: a child forked while another thread was setting up a TLS connection (making its
+  ``SSLContext``, loading the CA file, the handshake) can find a lock inside OpenSSL held, and its own first TLS
+  connection then waits forever in ``SSLContext()`` (seen in CI: a worker's pool processes forked while its lease
+  thread connected to a ``rediss://`` store took no task; reproduced, about one child in a hundred). Python cannot
+  make those locks new. The connections of every client registered here set up TLS inside a gate instead, which
+  a fork waits to find empty (at most :data:`FORK_WAIT_SECONDS`) and keeps shut until it is done.
 * **An import under way** in another thread at the fork: Python makes its global import lock new in a child,
   but not the lock of each module being imported, so a child that imports the same module waits forever. A
   client connecting by host name looks up the ``idna`` codec, and the first lookup imports ``encodings.idna``:
@@ -31,11 +37,16 @@ survive a fork, and the precise releaser's belong to the process that started th
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar, overload
+
+from redis.connection import SSLConnection
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,11 +55,92 @@ _CLIENTS: weakref.WeakSet[Any] = weakref.WeakSet()
 _CONTAINERS = (list, tuple, set, frozenset, collections.deque)
 
 
+#: How long a fork waits for TLS set-ups under way in other threads to end (a handshake is bounded by the socket
+#: timeouts); past it the fork goes ahead, as it would without the gate.
+FORK_WAIT_SECONDS = 15.0
+
+
 def fork_safe(client: T) -> T:
     """Register a redis-py client (``Redis``, ``RedisCluster``, Sentinel's master) so that a forked child
-    gets its locks new and free; returns it."""
+    gets its locks new and free, and set its TLS connections up inside the fork gate; returns it."""
     _CLIENTS.add(client)
+    _gate_tls(client)
     return client
+
+
+class _ForkGate:
+    """Counts the TLS set-ups under way; a fork waits until there are none and lets no new one begin until it
+    is done (:func:`os.register_at_fork`'s ``before`` and ``after`` hooks)."""
+
+    def __init__(self) -> None:
+        self._condition = threading.Condition(threading.Lock())
+        self._inside = 0
+        self._held = False
+
+    @contextlib.contextmanager
+    def setting_up(self) -> Iterator[None]:
+        with self._condition:
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._condition:
+                self._inside -= 1
+                self._condition.notify_all()
+
+    def before_fork(self) -> None:
+        self._held = self._condition.acquire(timeout=FORK_WAIT_SECONDS)
+        deadline = time.monotonic() + FORK_WAIT_SECONDS
+        while self._held and self._inside and (left := deadline - time.monotonic()) > 0:
+            self._condition.wait(left)
+
+    def after_in_parent(self) -> None:
+        if self._held:
+            self._held = False
+            self._condition.release()
+
+    def after_in_child(self) -> None:
+        self.__init__()  # type: ignore[misc]  # the parent's threads are gone, and so are their set-ups
+
+
+GATE = _ForkGate()
+
+
+class _GatedTLS:
+    """Mixed into a client's SSL connection class: the connection (its ``SSLContext``, CA file, handshake) is set
+    up inside the fork gate."""
+
+    def _connect(self) -> Any:
+        with GATE.setting_up():
+            return super()._connect()  # type: ignore[misc]
+
+
+_GATED: dict[type, type] = {}
+
+
+def _gated(cls: type) -> type:
+    if issubclass(cls, _GatedTLS):
+        return cls
+    made = _GATED.get(cls)
+    if made is None:
+        made = _GATED[cls] = type(cls.__name__, (_GatedTLS, cls), {"__module__": cls.__module__})
+    return made
+
+
+def _gate_tls(client: object) -> None:
+    """Make the SSL connections ``client`` has or will make set up TLS inside the fork gate: its pools' connection
+    class (a cluster's node manager keeps it among the keyword arguments of the nodes it makes), and the
+    connections made already."""
+    for value in _redis_objects(client):
+        if isinstance(value, SSLConnection):
+            value.__class__ = _gated(type(value))
+        made = value.__dict__.get("connection_class") if hasattr(value, "__dict__") else None
+        if isinstance(made, type) and issubclass(made, SSLConnection):
+            value.connection_class = _gated(made)
+        kwargs = getattr(value, "connection_kwargs", None)
+        made = kwargs.get("connection_class") if isinstance(kwargs, dict) else None
+        if isinstance(made, type) and issubclass(made, SSLConnection):
+            kwargs["connection_class"] = _gated(made)  # type: ignore[index]
 
 
 def _is_redis_object(value: object) -> bool:
@@ -61,6 +153,11 @@ def _is_redis_object(value: object) -> bool:
 def _locks_of(client: object) -> Iterator[Any]:
     """Every lock (anything with CPython's ``_at_fork_reinit``: locks, RLocks, conditions, events, and
     gevent's patched ones) held by an attribute of ``client`` or of the redis-py objects it reaches."""
+    return (value for value in _redis_objects(client) if callable(getattr(value, "_at_fork_reinit", None)))
+
+
+def _redis_objects(client: object) -> Iterator[Any]:
+    """``client``, the redis-py objects it reaches and what they hold (a walk that stops at locks)."""
     seen: set[int] = set()
     pending: list[object] = [client]
     while pending:
@@ -68,9 +165,10 @@ def _locks_of(client: object) -> Iterator[Any]:
         if id(value) in seen:
             continue
         seen.add(id(value))
+        yield value
         if callable(getattr(value, "_at_fork_reinit", None)):
-            yield value
-        elif isinstance(value, dict):
+            continue
+        if isinstance(value, dict):
             pending.extend(value.values())
         elif isinstance(value, _CONTAINERS):
             pending.extend(value)
@@ -83,14 +181,19 @@ def locks_of(client: object) -> list[Any]:
     return list(_locks_of(client))
 
 
-def _after_fork_in_child() -> None:
+def _reinit_locks() -> None:
     # Only this thread exists now: no lock can be taken by anyone else while it is made new.
     for client in list(_CLIENTS):
         for lock in _locks_of(client):
             lock._at_fork_reinit()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+def _after_fork_in_child() -> None:
+    GATE.after_in_child()
+    _reinit_locks()
+
+
+os.register_at_fork(before=GATE.before_fork, after_in_parent=GATE.after_in_parent, after_in_child=_after_fork_in_child)
 # The codec socket.getaddrinfo looks up for a host name: imported and cached now, not by a thread at a fork.
 "localhost".encode("idna")
 
