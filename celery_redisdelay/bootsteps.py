@@ -16,6 +16,7 @@ from typing import Any
 from celery import bootsteps, signals
 from celery.utils.functional import maybe_list
 
+from . import patching
 from .extension import RedisDelay
 from .message.marks import received_from_store
 from .release.precise import PreciseReleasers
@@ -170,9 +171,9 @@ def make_revokes_durable() -> None:
     """
     from celery.worker.control import Panel
 
-    original = Panel.data["revoke"]
-    if getattr(original, "redisdelay_wrapped", False):
+    if patching.applied(Panel.data, "revoke", items=True):
         return
+    original = Panel.data["revoke"]
 
     def revoke(state: Any, task_id: Any, *args: Any, **kwargs: Any) -> Any:
         reply = original(state, task_id, *args, **kwargs)
@@ -188,9 +189,8 @@ def make_revokes_durable() -> None:
                     logger.info("redisdelay: dropped %d revoked parked call(s): %s", dropped, ", ".join(ids))
         return reply
 
-    revoke.redisdelay_wrapped = True  # type: ignore[attr-defined]
     revoke.__doc__ = original.__doc__
-    Panel.data["revoke"] = revoke
+    patching.apply("revoke", Panel.data, {"revoke": revoke}, items=True)
 
 
 class DurableRevokeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
@@ -203,22 +203,31 @@ class DurableRevokeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is unty
         make_revokes_durable()
 
 
-class StaleDeliveryStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
-    """The worker drops a redelivered message of a parked call that is not the call's current delivery
-    (:mod:`celery_redisdelay.worker.stale`), and holds back the calls of paused tasks and queues
-    (:mod:`celery_redisdelay.worker.pausing`). Set up before the worker's consumer makes its message handlers."""
+class MessageHandlerStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
+    """Steps ahead of each task's message handler in the worker's main process, put on before its consumer makes
+    the handlers, in this order (:mod:`celery_redisdelay.patching`), the last one looking first:
 
-    label = "redisdelay stale deliveries"
+    1. with ``redisdelay_park_received`` (or ``redisdelay_all_tasks``), the eta messages the worker receives for the
+       app's tasks are parked instead of held (:mod:`celery_redisdelay.worker.received`);
+    2. a redelivered message of a parked call that is not the call's current delivery is dropped
+       (:mod:`celery_redisdelay.worker.stale`);
+    3. the calls of paused tasks and queues are held back in the store (:mod:`celery_redisdelay.worker.pausing`),
+       before anything else looks at them.
+
+    One step puts on all three: as three steps, Celery's blueprint made them in no fixed order."""
+
+    label = "redisdelay message handlers"
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         rd = RedisDelay.of(worker.app)
-        depot = rd.depot
+        depot, tasks = rd.depot, worker.app.tasks
+        if rd.settings.park_received:
+            count = ReceivedParking(depot, rd.rules_of).install(tasks)
+            logger.info("redisdelay: eta messages of %d task(s) are parked when received", count)
         owns = functools.partial(parks_calls_of, depot)
-        StaleDeliveries(depot, owns, name_worker(worker)).install(worker.app.tasks)
-        # Wrapped after the stale check, so it looks first: a call of a paused task or queue is held back in the store
-        # (worker/pausing.py) before anything else looks at it.
-        PausedCalls(depot, rd.rules_of, owns, name_worker(worker)).install(worker.app.tasks)
+        StaleDeliveries(depot, owns, name_worker(worker)).install(tasks)
+        PausedCalls(depot, rd.rules_of, owns, name_worker(worker)).install(tasks)
 
 
 class ContractStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
@@ -232,21 +241,6 @@ class ContractStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         depot = RedisDelay.of(worker.app).depot
         owns = functools.partial(parks_calls_of, depot)
         check_tasks([task for task in list(worker.app.tasks.values()) if owns(task)], depot.settings.worker_lost)
-
-
-class ParkReceivedStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
-    """With ``redisdelay_park_received`` (or ``redisdelay_all_tasks``), the worker parks the eta messages it
-    receives for the app's tasks instead of holding them (:mod:`celery_redisdelay.worker.received`). Set up
-    before the worker's consumer makes its message handlers."""
-
-    label = "redisdelay received etas"
-
-    def __init__(self, worker: Any, **kwargs: Any) -> None:
-        super().__init__(worker, **kwargs)
-        rd = RedisDelay.of(worker.app)
-        if rd.settings.park_received:
-            count = ReceivedParking(rd.depot, rd.rules_of).install(worker.app.tasks)
-            logger.info("redisdelay: eta messages of %d task(s) are parked when received", count)
 
 
 class SkipUnackedStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped

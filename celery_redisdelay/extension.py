@@ -12,6 +12,7 @@ from typing import Any, TypeVar, overload
 
 from celery import Celery, signals
 
+from . import patching
 from . import settings as settings_module
 from .errors import ConfigurationError, RedisDelayError, ScheduleError
 from .message import wire
@@ -132,7 +133,7 @@ class RedisDelay:
         # send_task stays here for publishing at once (a released batch).
         self.celery_send_task: Callable[..., Any] = app.send_task
         self._send_task_signature = inspect.signature(app.send_task)
-        app.send_task = self.send_task
+        patching.apply("send_task", app, {"send_task": self.send_task})
         #: A releaser per shard, for the tick, the precise releaser and the command line.
         self.releasers = Releasers(self.depot, self.celery_send_task)
 
@@ -146,8 +147,7 @@ class RedisDelay:
         app.steps["worker"].add("celery_redisdelay.bootsteps:LeaseStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:PreciseReleaseStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:DurableRevokeStep")
-        app.steps["worker"].add("celery_redisdelay.bootsteps:ParkReceivedStep")
-        app.steps["worker"].add("celery_redisdelay.bootsteps:StaleDeliveryStep")
+        app.steps["worker"].add("celery_redisdelay.bootsteps:MessageHandlerStep")
         app.steps["worker"].add("celery_redisdelay.bootsteps:ContractStep")
         app.steps["consumer"].add("celery_redisdelay.bootsteps:SkipUnackedStep")
         app.steps["consumer"].add("celery_redisdelay.bootsteps:LoopTurnStep")

@@ -17,7 +17,7 @@ import pytest
 import redis
 from celery import Celery
 
-from celery_redisdelay import RedisDelay
+from celery_redisdelay import RedisDelay, patching
 from celery_redisdelay.testing import CeleryProcess, RedisServer, beat, wait_for, worker
 from celery_redisdelay.testing.capabilities import Machine, cluster_binary
 from celery_redisdelay.testing.topologies import LocalCluster, LocalSentinel, LocalTLS, TopologyUnavailable
@@ -125,6 +125,7 @@ def make_app(redis_server: RedisServer) -> Iterator[object]:
 
     yield make
     for app in apps:
+        patching.undo(app)  # Celery's own send_task again (celery_redisdelay.patching)
         app.close()
 
 

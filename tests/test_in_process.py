@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from celery.contrib.testing.worker import start_worker
 
-from celery_redisdelay import RedisDelay
+from celery_redisdelay import RedisDelay, patching
 from celery_redisdelay.testing import wait_for
+from celery_redisdelay.worker import tracking
 from celery_redisdelay.worker.leases import Leases
 
 
@@ -108,3 +109,42 @@ def test_the_precise_releaser_of_an_in_process_worker_stops_with_it(make_app: An
         )
         releasers = [t for t in set(threading.enumerate()) - before if t.name == "redisdelay-releaser"]
     wait_for(lambda: not any(t.is_alive() for t in releasers), 15, "the releaser thread to end with its worker")
+
+
+def test_the_patches_go_on_in_their_stated_order_and_come_off(celery_app: Any) -> None:
+    """What the extension changes of Celery's and kombu's objects, a real worker's included, is in
+    ``patching.ORDER``, goes on in that order, and comes off again, leaving Celery's own."""
+    celery_app.conf.redisdelay_park_received = True
+    rd = RedisDelay(celery_app)
+
+    @rd.delayed(name="tests.in_process.patched")
+    def patched() -> None: ...
+
+    assert [patch.name for patch in patching.applied(celery_app)] == ["send_task"]
+    task = celery_app.tasks["tests.in_process.patched"]
+    with start_worker(celery_app, pool="solo", perform_ping_check=False, shutdown_timeout=10) as worker:
+        result = patched.apply_async(countdown=0)
+        wait_for(lambda: result.state == "SUCCESS", 30, "the worker thread to run the call")
+        qos = worker.consumer.task_consumer.channel.qos
+        on_qos = [patch.name for patch in patching.applied(qos)]
+        on_task = [patch.name for patch in patching.applied(task)]
+        assert on_qos == ["qos.broker_loss", "qos.unacked"]
+        assert on_task == ["strategy.received", "strategy.stale", "strategy.paused"]
+        assert on_task + on_qos == [name for name in patching.ORDER if name in on_task + on_qos]
+        assert patching.undo(qos) == ["qos.unacked", "qos.broker_loss"]
+        assert not {"ack", "reject", "append", "restore_unacked"} & set(vars(qos))  # kombu's own methods again
+    assert patching.undo(task) == ["strategy.paused", "strategy.stale", "strategy.received"]
+    assert "Strategy" not in vars(task) and task.Strategy == type(task).Strategy
+    assert patching.undo(celery_app) == ["send_task"]
+    assert celery_app.send_task.__func__ is type(celery_app).send_task
+    # The tracking handlers, connected under a dispatch_uid of their depot, come off the same way.
+    assert tracking.disconnect(rd.depot) == len(tracking.SIGNALS)
+    assert tracking.disconnect(rd.depot) == 0
+    patching.apply("strategy.stale", task, {"Strategy": None})
+    with pytest.raises(ValueError, match="must go on before"):
+        patching.apply("strategy.received", task, {"Strategy": None})
+    with pytest.raises(ValueError, match="already applied"):
+        patching.apply("strategy.stale", task, {"Strategy": None})
+    patching.undo(task)
+    with pytest.raises(ValueError, match="unknown patch"):
+        patching.apply("elsewhere", task, {"Strategy": None})

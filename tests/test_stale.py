@@ -192,7 +192,7 @@ def test_a_step_that_fails_leaves_the_message_to_celery(caplog: pytest.LogCaptur
         raise TypeError("a defect")
 
     tasks = {"t": Task()}
-    assert strategies.wrap(tasks, "_test_marker", lambda task: broken) == 1
+    assert strategies.wrap(tasks, "strategy.stale", lambda task: broken) == 1
     handler = tasks["t"].Strategy(tasks["t"], None, type("Consumer", (), {"connection_errors": ()})())
     handler("message", "body", lambda *args: acked.append(args), None, None)
     assert handled == ["message"] and acked == []

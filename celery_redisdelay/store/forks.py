@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import queue
 import threading
@@ -63,6 +64,7 @@ FORK_WAIT_SECONDS = 15.0
 def fork_safe(client: T) -> T:
     """Register a redis-py client (``Redis``, ``RedisCluster``, Sentinel's master) so that a forked child
     gets its locks new and free, and set its TLS connections up inside the fork gate; returns it."""
+    _hook()
     _CLIENTS.add(client)
     _gate_tls(client)
     return client
@@ -193,7 +195,14 @@ def _after_fork_in_child() -> None:
     _reinit_locks()
 
 
-os.register_at_fork(before=GATE.before_fork, after_in_parent=GATE.after_in_parent, after_in_child=_after_fork_in_child)
+@functools.cache
+def _hook() -> None:
+    """Hook the process's forks, once, when the first client is registered (not when the module is imported)."""
+    os.register_at_fork(
+        before=GATE.before_fork, after_in_parent=GATE.after_in_parent, after_in_child=_after_fork_in_child
+    )
+
+
 # The codec socket.getaddrinfo looks up for a host name: imported and cached now, not by a thread at a fork.
 "localhost".encode("idna")
 

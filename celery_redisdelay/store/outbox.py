@@ -37,6 +37,7 @@ when it first needs it.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import threading
@@ -89,8 +90,11 @@ def _at_exit() -> None:
         outbox.flush()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_at_exit)
+@functools.cache
+def _hook() -> None:
+    """Hook the process's forks and exit, once, when the first outbox is made (not when the module is imported)."""
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    atexit.register(_at_exit)
 
 
 def backoff(failures: int) -> float:
@@ -153,6 +157,7 @@ class Outbox:
         self.cap = cap
         self._fresh()
         _OUTBOXES.add(self)
+        _hook()
 
     def _fresh(self) -> None:
         """An empty outbox and no thread: at creation, and in a forked child (the parent's thread and the

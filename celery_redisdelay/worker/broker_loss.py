@@ -30,10 +30,9 @@ from typing import Any
 
 from kombu.transport import virtual
 
-logger = logging.getLogger(__name__)
+from .. import patching
 
-#: The attribute that marks a channel's QoS as guarded already.
-INSTALLED = "_redisdelay_broker_loss_guard"
+logger = logging.getLogger(__name__)
 
 
 def cut_off(channel: Any) -> bool:
@@ -52,7 +51,7 @@ def guard(channel: Any) -> bool:
     qos = getattr(channel, "qos", None) if hasattr(channel, "_connparams") else None
     if qos is None or not hasattr(qos, "unacked_key"):
         return False
-    if getattr(qos, INSTALLED, False):
+    if patching.applied(qos, "qos.broker_loss"):
         return True
     base = virtual.QoS
     kombu_ack, kombu_reject, kombu_restore_unacked = qos.ack, qos.reject, qos.restore_unacked
@@ -92,6 +91,5 @@ def guard(channel: Any) -> bool:
             )
         return None
 
-    qos.ack, qos.reject, qos.restore_unacked = ack, reject, restore_unacked
-    setattr(qos, INSTALLED, True)
+    patching.apply("qos.broker_loss", qos, {"ack": ack, "reject": reject, "restore_unacked": restore_unacked})
     return True

@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The attribute a task's original strategy is kept under, so that it is wrapped once.
-ORIGINAL = "_redisdelay_pause_strategy"
 #: How often, at most, a worker reads the pauses again (seconds).
 REFRESH_SECONDS = 1.0
 
@@ -74,7 +72,7 @@ class PausedCalls:
                 return None
             return lambda message: self.hold_if_paused(message, rules)
 
-        return strategies.wrap(tasks, ORIGINAL, step_for)
+        return strategies.wrap(tasks, "strategy.paused", step_for)
 
     def current(self) -> tuple[frozenset[str], frozenset[str]]:
         """The paused tasks and queues, read again when the last read is :attr:`refresh` seconds old."""

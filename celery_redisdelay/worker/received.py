@@ -54,7 +54,7 @@ class ReceivedParking:
             rules = self.rules_of(task)
             return None if rules is None else functools.partial(self.park_if_waiting, rules=rules)
 
-        return strategies.wrap(tasks, "_redisdelay_strategy", step_for)
+        return strategies.wrap(tasks, "strategy.received", step_for)
 
     def park_if_waiting(self, message: Any, rules: CallRules) -> bool:
         """Park ``message`` if it is one to park; whether it was taken (parked, or a call another worker took).

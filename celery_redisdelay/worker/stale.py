@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: The attribute a task's original strategy is kept under, so that it is wrapped once.
-ORIGINAL = "_redisdelay_stale_strategy"
-
 
 class StaleDeliveries:
     """Drops the redelivered messages of parked calls that are not the call's current delivery."""
@@ -49,7 +46,7 @@ class StaleDeliveries:
 
     def install(self, tasks: Any) -> int:
         """Wrap the message handler of each task whose calls may be parked (see :mod:`.strategies`); how many."""
-        return strategies.wrap(tasks, ORIGINAL, lambda task: self.is_stale if self.owns(task) else None)
+        return strategies.wrap(tasks, "strategy.stale", lambda task: self.is_stale if self.owns(task) else None)
 
     def is_stale(self, message: Any) -> bool:
         """Whether a received message is a redelivery (or a first delivery that may have been superseded) the store

@@ -5,7 +5,8 @@ front of it for the tasks it is given a step for: the step sees each message fir
 it (parked it, or dropped it as stale); a taken message is acknowledged as Celery's request acknowledges
 one, and Celery never sees it. Every other message goes to Celery's handler unchanged, and so does one a step
 failed on (logged): Celery's consumer would drop it without a word, unacknowledged. Each kind of step
-wraps a task once (``marker``), so a worker's consumer restarting does not wrap it again.
+wraps a task once (its patch, :mod:`celery_redisdelay.patching`), so a worker's consumer restarting does not wrap it
+again.
 """
 
 from __future__ import annotations
@@ -17,21 +18,23 @@ from typing import Any
 
 from celery.utils.imports import instantiate
 
+from .. import patching
+
 logger = logging.getLogger(__name__)
 
 #: A step: the received message -> whether it took it.
 Step = Callable[[Any], bool]
 
 
-def wrap(tasks: Any, marker: str, step_for: Callable[[Any], Step | None]) -> int:
-    """Put ``step_for(task)`` ahead of the handler of each task it gives a step for; how many it wrapped."""
+def wrap(tasks: Any, patch: str, step_for: Callable[[Any], Step | None]) -> int:
+    """Put ``step_for(task)`` ahead of the handler of each task it gives a step for, as the patch ``patch``; how
+    many it wrapped."""
     wrapped = 0
     for task in list(tasks.values()):
         step = step_for(task)
-        if step is None or getattr(task, marker, None) is not None:
+        if step is None or patching.applied(task, patch):
             continue
-        setattr(task, marker, task.Strategy)
-        task.Strategy = functools.partial(_strategy, step=step, original=task.Strategy)
+        patching.apply(patch, task, {"Strategy": functools.partial(_strategy, step=step, original=task.Strategy)})
         wrapped += 1
     return wrapped
 

@@ -128,13 +128,39 @@ def connect(depot: Depot) -> None:
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not dead-letter call %s of unknown task %r: %s", id, name, exc)
 
-    signals.task_prerun.connect(on_prerun, weak=False)
-    signals.task_postrun.connect(on_postrun, weak=False)
-    signals.task_failure.connect(on_failure, weak=False)
-    signals.task_revoked.connect(on_revoked, weak=False)
-    signals.task_unknown.connect(on_unknown, weak=False)
-    signals.worker_process_shutdown.connect(on_exit, weak=False)
-    signals.worker_shutdown.connect(on_exit, weak=False)
+    handlers = {
+        signals.task_prerun: on_prerun,
+        signals.task_postrun: on_postrun,
+        signals.task_failure: on_failure,
+        signals.task_revoked: on_revoked,
+        signals.task_unknown: on_unknown,
+        signals.worker_process_shutdown: on_exit,
+        signals.worker_shutdown: on_exit,
+    }
+    assert tuple(handlers) == SIGNALS
+    for signal, handler in handlers.items():
+        signal.connect(handler, weak=False, dispatch_uid=_uid(depot, signal))
+
+
+#: The signals :func:`connect` connects a depot's handlers to.
+SIGNALS = (
+    signals.task_prerun,
+    signals.task_postrun,
+    signals.task_failure,
+    signals.task_revoked,
+    signals.task_unknown,
+    signals.worker_process_shutdown,
+    signals.worker_shutdown,
+)
+
+
+def _uid(depot: Depot, signal: Any) -> str:
+    return f"redisdelay-tracking-{id(depot)}-{signal.name}"
+
+
+def disconnect(depot: Depot) -> int:
+    """Disconnect the handlers :func:`connect` connected for ``depot``; how many there were."""
+    return sum(bool(signal.disconnect(dispatch_uid=_uid(depot, signal))) for signal in SIGNALS)
 
 
 def start_now(depot: Depot, call_id: str, worker: str) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.transport import virtual
 
+from .. import patching
 from ..errors import RedisDelayError
 from ..store.calls import LARGEST_STEP
 from .running import running_requests
@@ -35,9 +36,6 @@ if TYPE_CHECKING:
     from ..store.depot import Depot
 
 logger = logging.getLogger(__name__)
-
-#: The attribute that marks a channel's QoS as already set up.
-INSTALLED = "_redisdelay_skip_unacked"
 
 
 def store_delivery(call_id: Any, tag: Any) -> bool:
@@ -54,7 +52,7 @@ def install(channel: Any, depot: Depot) -> bool:
     qos = getattr(channel, "qos", None)
     if qos is None or not hasattr(qos, "unacked_key") or not hasattr(qos, "_remove_from_indices"):
         return False
-    if getattr(qos, INSTALLED, False):
+    if patching.applied(qos, "qos.unacked"):
         return True
     base = virtual.QoS
     own: set[str] = set()  # the tags of the store's deliveries this channel holds
@@ -98,8 +96,8 @@ def install(channel: Any, depot: Depot) -> bool:
         return kombu_restore_unacked(client)
 
     kombu_restore_unacked = qos.restore_unacked
-    qos.append, qos.ack, qos.reject, qos.restore_unacked = append, ack, reject, restore_unacked
-    setattr(qos, INSTALLED, True)
+    replacements = {"append": append, "ack": ack, "reject": reject, "restore_unacked": restore_unacked}
+    patching.apply("qos.unacked", qos, replacements)
     return True
 
 
