@@ -193,7 +193,7 @@ class Settings:
         return self.precise_release is not False
 
     @classmethod
-    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
+    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:  # noqa: C901 - known: to be split
         """Read and check the settings; raise :class:`ConfigurationError` naming the bad one (an unknown
         ``redisdelay_*`` one too, see :func:`check_names`)."""
         check_names(conf)

@@ -287,7 +287,7 @@ def _memory(size: int | None) -> str:
 )
 @JSON_OPTION
 @click.pass_context
-def list_calls(
+def list_calls(  # noqa: C901, PLR0913 - known: to be split
     ctx: click.Context,
     state: str,
     task: str | None,

@@ -82,7 +82,7 @@ class BulkReport:
         }
 
 
-def act_on_matching(
+def act_on_matching(  # noqa: C901, PLR0913 - known: to be split
     depot: Depot,
     action: str,
     found: Filter,

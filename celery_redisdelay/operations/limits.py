@@ -59,7 +59,7 @@ def limit_states(depot: Depot) -> dict[str, LimitState]:
     return dict(sorted(states.items()))
 
 
-def _read_store(store: CallStore, states: dict[str, LimitState]) -> None:
+def _read_store(store: CallStore, states: dict[str, LimitState]) -> None:  # noqa: C901 - known: to be split
     keys = store.keys
     with redis_errors("read the limits"):
         stored: Any = store.client.hgetall(keys.limits)

@@ -290,7 +290,7 @@ def scanner_for(
     return Scanner(depot, stores, state, offsets, newest_first=newest_first, chunk=chunk, payloads=payloads)
 
 
-def page(
+def page(  # noqa: PLR0913 - known: to be split
     depot: Depot,
     state: str,
     *,

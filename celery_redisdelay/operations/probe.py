@@ -70,7 +70,7 @@ def seconds(value: float) -> str:
     return f"{value:.1f} s"
 
 
-def probe_worker(source: Depot | HoldsDepot, worker: str, max_stall: float | None = None) -> ProbeResult:
+def probe_worker(source: Depot | HoldsDepot, worker: str, max_stall: float | None = None) -> ProbeResult:  # noqa: C901 - known: to be split
     """Judge the worker named ``worker`` (its full name, ``celery@host``) by its heartbeat; see the module's doc.
     Raises :class:`~celery_redisdelay.errors.StoreUnavailableError` when the store cannot be read."""
     depot = depot_of(source)

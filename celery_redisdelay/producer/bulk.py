@@ -33,7 +33,7 @@ CHUNK = 1000
 KEYED = ("unique_key", "debounce_key")
 
 
-def park_many(
+def park_many(  # noqa: C901 - known: to be split
     task: DelayedTask, calls: Iterable[Sequence[Any]], kwargs: Any, options: dict[str, Any]
 ) -> list[AsyncResult]:
     """Park ``task(*args, **kwargs)`` for each ``args`` in ``calls``; see :meth:`DelayedTask.park_many`."""

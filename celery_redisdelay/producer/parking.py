@@ -102,7 +102,7 @@ def retrying(retry: PublishRetry, write: Callable[[], T]) -> T:
 
 
 @contextmanager
-def parking_producer(
+def parking_producer(  # noqa: PLR0913 - known: these are to become one request object
     depot: Depot,
     templates: TemplateCache,
     task_id: str,
@@ -155,7 +155,7 @@ def parking_producer(
         yield ParkingProducer(real, task_id, park, depot.accepted_content_types, eta)
 
 
-def park_from(
+def park_from(  # noqa: PLR0913 - known: these are to become one request object
     depot: Depot,
     kept: Kept,
     task: Any,
@@ -195,7 +195,7 @@ def park_from(
     return store_call(depot, call_id, stored, kept.meta, stored_meta, due, mode, key, gate, send_to, retry)
 
 
-def store_call(
+def store_call(  # noqa: PLR0913 - known: these are to become one request object
     depot: Depot,
     call_id: str,
     payload: bytes,
@@ -241,7 +241,7 @@ def store_call(
     return retrying(retry, park)
 
 
-def park_call(
+def park_call(  # noqa: C901, PLR0913 - known: these are to become one request object
     task: Any,
     rules: CallRules,
     args: Any,

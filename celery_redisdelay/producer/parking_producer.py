@@ -56,7 +56,7 @@ class ParkingProducer:
             body["eta"] = self._eta
         self._real.publish(body, **kwargs)
 
-    def envelope(
+    def envelope(  # noqa: PLR0913 - known: these are to become one request object
         self,
         body: Any,
         *,

@@ -152,7 +152,7 @@ class Releaser:
     """Moves due calls from one shard's store to the broker. ``send_task`` is Celery's own (a flushed
     batch is published through it)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - known: to be split
         self,
         app: Celery,
         store: CallStore,

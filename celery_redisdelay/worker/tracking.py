@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from billiard.exceptions import WorkerLostError
@@ -48,98 +49,114 @@ def finishes_call(state: str, retval: Any) -> bool:
     return True
 
 
-def connect(depot: Depot) -> None:
-    """Connect the handlers of ``depot``'s calls; each ignores tasks whose calls are not parked in ``depot``:
-    its app's delayed tasks, and its plain tasks where ``redisdelay_all_tasks`` or ``redisdelay_park_received``
-    parks their delayed calls. Of a plain task only the runs of parked calls are tracked: a run of a call
-    never parked (its message has no mark, see :mod:`celery_redisdelay.message.marks`) makes no Redis call."""
-    # Runs of parked calls, until they end, counted by call: under the threads, gevent and eventlet pools one call's
-    # runs may overlap in a process (a run deferred behind a lock ends after the wake-up's delivery has started).
-    tracked: Counter[str] = Counter()
-    counting = threading.Lock()  # two threads' runs of one call: neither count may be lost
-    outbox = depot.outbox
+class Tracking:
+    """The handlers of ``depot``'s calls (see :func:`connect`); each ignores tasks whose calls are not parked in
+    ``depot``: its app's delayed tasks, and its plain tasks where ``redisdelay_all_tasks`` or
+    ``redisdelay_park_received`` parks their delayed calls. Of a plain task only the runs of parked calls are
+    tracked: a run of a call never parked (its message has no mark, see :mod:`celery_redisdelay.message.marks`)
+    makes no Redis call."""
 
-    def ours(task: Any) -> bool:
-        return parks_calls_of(depot, task)
+    def __init__(self, depot: Depot) -> None:
+        self.depot = depot
+        self.outbox = depot.outbox
+        # Runs of parked calls, until they end, counted by call: under the threads, gevent and eventlet pools one
+        # call's runs may overlap in a process (a run deferred behind a lock ends after the wake-up's delivery has
+        # started).
+        self.tracked: Counter[str] = Counter()
+        self.counting = threading.Lock()  # two threads' runs of one call: neither count may be lost
 
-    def owns(task: Any) -> bool:
-        return ours(task) and not getattr(task.request, "is_eager", False)
+    def ours(self, task: Any) -> bool:
+        return parks_calls_of(self.depot, task)
 
-    def on_prerun(sender: Any = None, task_id: str | None = None, **_: Any) -> None:
+    def owns(self, task: Any) -> bool:
+        return self.ours(task) and not getattr(task.request, "is_eager", False)
+
+    def on_prerun(self, sender: Any = None, task_id: str | None = None, **_: Any) -> None:
         # The mark first: a run of a call never parked (most, in redisdelay_all_tasks mode) stops here, at the
         # cost of a look at its request (message/marks.py), and makes no Redis call.
         if task_id is None or sender is None:
             return
         request = sender.request
-        if not request_from_store(request) or not owns(sender):
+        if not request_from_store(request) or not self.owns(sender):
             return
         drop_mark(request)
-        with counting:
-            tracked[task_id] += 1
+        with self.counting:
+            self.tracked[task_id] += 1
         # The worker's main process holds the call under a lease (worker/leases.py); the start takes it
         # for this worker too, should it come first, under the name the leases use.
+        depot = self.depot
         worker = depot.worker_name or getattr(request, "hostname", None) or ""
         if worker_lost(sender, depot.settings.worker_lost) == DEAD_LETTER:
             start_now(depot, task_id, worker)  # before the body runs: a run that did any work counts as started
         else:
-            outbox.start(task_id, worker)
+            self.outbox.start(task_id, worker)
 
     def on_postrun(
-        sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
+        self, sender: Any = None, task_id: str | None = None, state: str | None = None, retval: Any = None, **_: Any
     ) -> None:
         if task_id is None:
             return
-        with counting:
+        with self.counting:
+            tracked = self.tracked
             if not tracked[task_id]:
                 return
             tracked[task_id] -= 1
             if not tracked[task_id]:
                 del tracked[task_id]
         if state is not None and finishes_call(state, retval):
-            outbox.ack(task_id)
+            self.outbox.ack(task_id)
 
-    def on_failure(sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any) -> None:
+    def on_failure(self, sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any) -> None:
         # The worker's main process records these failures itself and sends this signal (billiard reports
         # a hard time limit through the same error callback), unless task_reject_on_worker_lost requeued
         # the message or the task retried: Celery will not run the call again, so neither do we.
         # Failures raised by the task itself are acknowledged by task_postrun, in the pool process.
-        if task_id is not None and isinstance(exception, MAIN_PROCESS_FAILURES) and owns(sender):
-            outbox.ack(task_id)
+        if task_id is not None and isinstance(exception, MAIN_PROCESS_FAILURES) and self.owns(sender):
+            self.outbox.ack(task_id)
 
-    def on_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+    def on_revoked(self, sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
         # A worker discarded the message unrun (revoked, or past its expires), or terminated its run;
         # Celery has marked the result REVOKED. Stop tracking the call, or the sweep would send it again.
         call_id = getattr(request, "id", None)
-        if call_id is not None and ours(sender):
-            outbox.ack(call_id, "expired" if expired else "revoked")
+        if call_id is not None and self.ours(sender):
+            self.outbox.ack(call_id, "expired" if expired else "revoked")
 
-    def on_exit(**_: Any) -> None:
-        outbox.flush()  # a pool process that ends, or the worker: what it gathered reaches Redis first
+    def on_exit(self, **_: Any) -> None:
+        self.outbox.flush()  # a pool process that ends, or the worker: what it gathered reaches Redis first
 
-    def on_unknown(sender: Any = None, name: str | None = None, id: str | None = None, **_: Any) -> None:
+    def on_unknown(self, sender: Any = None, name: str | None = None, id: str | None = None, **_: Any) -> None:
         # Celery discards a message for a task this worker does not know; a call of ours would only
         # come back after its queue timeout, again and again. Quarantine it now, saying why.
-        if id is None or getattr(sender, "app", None) is not depot.app:
+        if id is None or getattr(sender, "app", None) is not self.depot.app:
             return
         reason = f"task {name!r} is not registered on the worker that received it; deploy it, then requeue"
         try:
-            if depot.shards.first(id, lambda store: store.bury(id, reason, only_inflight=True)):
+            if self.depot.shards.first(id, lambda store: store.bury(id, reason, only_inflight=True)):
                 logger.error("redisdelay: dead-lettered call %s: %s", id, reason)
         except RedisDelayError as exc:
             logger.warning("redisdelay: could not dead-letter call %s of unknown task %r: %s", id, name, exc)
 
-    handlers = {
-        signals.task_prerun: on_prerun,
-        signals.task_postrun: on_postrun,
-        signals.task_failure: on_failure,
-        signals.task_revoked: on_revoked,
-        signals.task_unknown: on_unknown,
-        signals.worker_process_shutdown: on_exit,
-        signals.worker_shutdown: on_exit,
-    }
-    assert tuple(handlers) == SIGNALS
-    for signal, handler in handlers.items():
+    def handlers(self) -> dict[Any, Callable[..., None]]:
+        """Each signal of :data:`SIGNALS` and its handler."""
+        on_exit = self.on_exit
+        handlers = (
+            self.on_prerun,
+            self.on_postrun,
+            self.on_failure,
+            self.on_revoked,
+            self.on_unknown,
+            on_exit,
+            on_exit,
+        )
+        return dict(zip(SIGNALS, handlers, strict=True))
+
+
+def connect(depot: Depot) -> Tracking:
+    """Connect the handlers of ``depot``'s calls (:class:`Tracking`), each under a ``dispatch_uid`` of the depot."""
+    tracking = Tracking(depot)
+    for signal, handler in tracking.handlers().items():
         signal.connect(handler, weak=False, dispatch_uid=_uid(depot, signal))
+    return tracking
 
 
 #: The signals :func:`connect` connects a depot's handlers to.

@@ -52,53 +52,60 @@ def install(channel: Any, depot: Depot) -> bool:
     qos = getattr(channel, "qos", None)
     if qos is None or not hasattr(qos, "unacked_key") or not hasattr(qos, "_remove_from_indices"):
         return False
-    if patching.applied(qos, "qos.unacked"):
-        return True
-    base = virtual.QoS
-    own: set[str] = set()  # the tags of the store's deliveries this channel holds
-    kombu_append, kombu_ack, kombu_reject = qos.append, qos.ack, qos.reject
+    if not patching.applied(qos, "qos.unacked"):
+        bookkeeping = _Bookkeeping(qos, depot)
+        replacements = {name: getattr(bookkeeping, name) for name in ("append", "ack", "reject", "restore_unacked")}
+        patching.apply("qos.unacked", qos, replacements)
+    return True
 
-    def append(message: Any, delivery_tag: Any) -> None:
+
+class _Bookkeeping:
+    """A task channel's ``QoS`` methods, kombu's for every delivery but those the store's release gave (``own``):
+    kombu's in-memory bookkeeping only for those, which the store tracks itself."""
+
+    def __init__(self, qos: Any, depot: Depot) -> None:
+        self.qos, self.depot = qos, depot
+        self.own: set[str] = set()  # the tags of the store's deliveries this channel holds
+        self.kombu_append, self.kombu_ack = qos.append, qos.ack
+        self.kombu_reject, self.kombu_restore_unacked = qos.reject, qos.restore_unacked
+
+    def append(self, message: Any, delivery_tag: Any) -> None:
         headers = getattr(message, "headers", None) or {}
         if store_delivery(headers.get("id"), delivery_tag):
-            own.add(delivery_tag)
-            base.append(qos, message, delivery_tag)
+            self.own.add(delivery_tag)
+            virtual.QoS.append(self.qos, message, delivery_tag)
         else:
-            kombu_append(message, delivery_tag)
+            self.kombu_append(message, delivery_tag)
 
-    def ack(delivery_tag: Any) -> None:
-        if delivery_tag in own:
-            own.discard(delivery_tag)
-            base.ack(qos, delivery_tag)
+    def ack(self, delivery_tag: Any) -> None:
+        if delivery_tag in self.own:
+            self.own.discard(delivery_tag)
+            virtual.QoS.ack(self.qos, delivery_tag)
         else:
-            kombu_ack(delivery_tag)
+            self.kombu_ack(delivery_tag)
 
-    def reject(delivery_tag: Any, requeue: bool = False) -> None:
-        if delivery_tag not in own:
-            kombu_reject(delivery_tag, requeue=requeue)
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        if delivery_tag not in self.own:
+            self.kombu_reject(delivery_tag, requeue=requeue)
             return
-        own.discard(delivery_tag)
+        self.own.discard(delivery_tag)
         if requeue:
-            put_back(depot, str(delivery_tag), rejected=True)
-        base.ack(qos, delivery_tag)  # as kombu's Redis QoS ends a reject: the message leaves its count
+            put_back(self.depot, str(delivery_tag), rejected=True)
+        virtual.QoS.ack(self.qos, delivery_tag)  # as kombu's Redis QoS ends a reject: the message leaves its count
 
-    def restore_unacked(client: Any = None) -> Any:
+    def restore_unacked(self, client: Any = None) -> Any:
         # The channel closes (the worker stops, or lost its connection): kombu puts back the messages it holds
         # unacknowledged, and the store the calls of its own deliveries among them, but for those still running
         # (an acks_late run that its lease keeps).
         running = {request.id for request in running_requests()}
-        mine = [tag for tag in list(qos._delivered) if tag in own]
+        delivered = self.qos._delivered
+        mine = [tag for tag in list(delivered) if tag in self.own]
         back = [tag for tag in mine if tag.rpartition(".")[0] not in running]
         for tag in mine:
-            own.discard(tag)
-            qos._delivered.pop(tag, None)
-        put_back(depot, *back)
-        return kombu_restore_unacked(client)
-
-    kombu_restore_unacked = qos.restore_unacked
-    replacements = {"append": append, "ack": ack, "reject": reject, "restore_unacked": restore_unacked}
-    patching.apply("qos.unacked", qos, replacements)
-    return True
+            self.own.discard(tag)
+            delivered.pop(tag, None)
+        put_back(self.depot, *back)
+        return self.kombu_restore_unacked(client)
 
 
 def put_back(depot: Depot, *tags: str, rejected: bool = False) -> None:
