@@ -20,12 +20,11 @@ from ..errors import RedisDelayError
 from ..operations import admin, metrics
 from ..operations.history import KEPT_MINUTES, read_history
 from ..operations.humanize import deliveries, lock_text, relative, size_text, span
-from ..operations.listing import iso
+from ..operations.listing import LISTS, iso
 from ..operations.queues import LAG_MINUTES, QueueFigures, queue_figures
 from ..operations.validation import run_validation
 from ..operations.waiting import adopt_waiting
 from ..release.precise import PreciseReleasers
-from ..store.calls import LISTS
 from . import actions, drain, pausing, probe
 from .history import print_history
 from .limits import limits
@@ -212,7 +211,7 @@ def status(ctx: click.Context, with_history: bool, minutes: int, as_json: bool) 
     say()
     _queue_table(latency)
     if with_history:
-        print_history(depot, minutes)
+        print_history(rd, minutes)
 
 
 def _queue_table(latency: dict[str, QueueFigures]) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ..operations.history import EVENTS, KEPT_MINUTES, History, read_history
 from ..operations.humanize import span
-from ..store.depot import Depot
 from .output import say, table
 
+if TYPE_CHECKING:
+    from ..extension import RedisDelay
 
-def print_history(depot: Depot, minutes: int) -> None:
-    day = read_history(depot, KEPT_MINUTES)
+
+def print_history(rd: RedisDelay, minutes: int) -> None:
+    day = read_history(rd.depot, KEPT_MINUTES)
     hour = History(day.minutes[-60:], day.now, day.last_release)
     say()
     table(

@@ -5,9 +5,8 @@ from __future__ import annotations
 import click
 
 from ..errors import ConfigurationError
-from ..operations.limits import limit_states, set_limit
+from ..operations.limits import Limit, limit_states, set_limit
 from ..operations.listing import server_ms
-from ..store.limits import Limit
 from .output import JSON_OPTION, emit, extension, say, table
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 from ..store.calls import CallStore, redis_errors, server_ms, text
 from ..store.depot import Depot
-from ..store.limits import Limit, check_name, limit_names
+from ..store.limits import Limit as Limit  # a limit as the command line and the dashboard set it
+from ..store.limits import check_name, limit_names
 
 #: Gates looked at per shard for the waiting counts: the report stays bounded whatever the backlog.
 MOST_GATES = 1000

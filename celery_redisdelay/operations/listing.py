@@ -18,7 +18,8 @@ from functools import total_ordering
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RedisDelayError
-from ..store.calls import LISTS, CallStore, Entry, pause_note, redis_errors
+from ..store.calls import LISTS as LISTS  # the lists of calls, for the command line and the dashboard
+from ..store.calls import CallStore, Entry, pause_note, redis_errors
 from ..store.calls import server_ms as clock_of
 from ..store.meta import CallMeta
 from .payloads import arguments_text, queue_of

@@ -16,11 +16,10 @@ from werkzeug.wrappers import Response
 
 from ..errors import ConfigurationError, ScheduleError
 from ..operations.actions import ACTION_LISTS, ACTION_STATES, act_on, act_on_matching
-from ..operations.limits import set_limit
+from ..operations.limits import Limit, set_limit
 from ..operations.listing import server_ms
 from ..operations.pausing import PauseError
 from ..producer.schedule import resolve_due
-from ..store.limits import Limit
 from .board import dashboard
 from .overview import state_counts
 from .query import ListQuery

@@ -1,11 +1,10 @@
 """What the overview page shows: counts over all shards, the queues' latency, parked calls by due time, and by task
 name.
 
-Every read is bounded whatever the backlog: the due-time histograms are one ``ZCOUNT`` per bar and
-shard (logarithmic in the set's size), and the split by task reads the metadata of a sample of at
-most ``SAMPLE`` parked calls taken evenly across each shard's sorted set (all of them when there are
-fewer), scaled up to the shard's size; the page says when it is an estimate. The bar charts are laid
-out here, as plain numbers, and drawn as SVG by the template: no script, nothing from outside.
+Every read is bounded whatever the backlog (:mod:`celery_redisdelay.operations.counts`): the due-time histograms are
+one ``ZCOUNT`` per bar and shard, and the split by task reads the metadata of a sample of at most ``SAMPLE`` parked
+calls; the page says when it is an estimate. The bar charts are laid out here, as plain numbers, and drawn as SVG by
+the template: no script, nothing from outside.
 """
 
 from __future__ import annotations
@@ -13,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..operations.listing import server_ms, state_key
+from ..operations import counts
+from ..operations.listing import server_ms
 from ..operations.queues import LAG_MINUTES, queue_figures
-from ..store.calls import redis_errors, text
-from ..store.meta import decode_meta
 
 if TYPE_CHECKING:
     from ..extension import RedisDelay
@@ -24,8 +22,6 @@ if TYPE_CHECKING:
 MINUTE_MS, HOUR_MS = 60_000, 3_600_000
 #: Parked calls whose metadata is read for the split by task (over all shards).
 SAMPLE = 2000
-#: Slices the sample of a large shard is read in, spread evenly over its sorted set.
-SLICES = 20
 #: Tasks shown by name; the others are added up as one bar.
 TOP_TASKS = 8
 
@@ -40,16 +36,9 @@ STATE_TITLES = {
 
 
 def state_counts(rd: RedisDelay) -> dict[str, int]:
-    """Calls per state over all shards: one ZCARD per state and shard."""
-    counts = dict.fromkeys(STATE_TITLES, 0)
-    for store in rd.shards.all():
-        with redis_errors("count calls"):
-            pipe = store.client.pipeline(transaction=False)
-            for state in counts:
-                pipe.zcard(state_key(store, state))
-            for state, count in zip(counts, pipe.execute(), strict=True):
-                counts[state] += int(count)
-    return counts
+    """Calls per state over all shards, in the order of :data:`STATE_TITLES`."""
+    found = counts.state_counts(rd.depot)
+    return {state: found[state] for state in STATE_TITLES}
 
 
 @dataclass(frozen=True)
@@ -101,17 +90,8 @@ def due_histogram(rd: RedisDelay) -> dict[str, Any]:
     hour = [(step * 5 * MINUTE_MS, (step + 1) * 5 * MINUTE_MS) for step in range(12)]
     day = [(step * HOUR_MS, (step + 1) * HOUR_MS) for step in range(24)]
     windows = [*hour, *day, (24 * HOUR_MS, None)]
-    counts = [0] * (len(windows) + 1)  # the first: already due
-    for store in rd.shards.all():
-        now = server_ms(rd.depot, store)
-        with redis_errors("count parked calls by due time"):
-            pipe = store.client.pipeline(transaction=False)
-            pipe.zcount(store.keys.delayed, "-inf", now)
-            for start, end in windows:
-                pipe.zcount(store.keys.delayed, f"({now + start}", "+inf" if end is None else now + end)
-            for index, found in enumerate(pipe.execute()):
-                counts[index] += int(found)
-    due, hour_counts, day_counts, later = counts[0], counts[1:13], counts[13:37], counts[37]
+    found = counts.due_counts(rd.depot, windows)  # the first: already due
+    due, hour_counts, day_counts, later = found[0], found[1:13], found[13:37], found[37]
     hour_bars = [Bar("due", due, f"already due: {due:,}", "late")]
     for step, count in enumerate(hour_counts):
         label = f"{(step + 1) * 5}m" if step % 3 == 2 else ""
@@ -133,48 +113,12 @@ def due_histogram(rd: RedisDelay) -> dict[str, Any]:
 def tasks_sample(rd: RedisDelay, sample: int = SAMPLE) -> dict[str, Any]:
     """Parked calls per task name: counted exactly when at most ``sample`` are parked, else estimated from
     an even sample of each shard. Returns the rows (task, count) largest first and what was read."""
-    stores = rd.shards.all()
-    with redis_errors("count parked calls"):
-        pipe = rd.client.pipeline(transaction=False)
-        for store in stores:
-            pipe.zcard(store.keys.delayed)
-        sizes = [int(size) for size in pipe.execute()]
-    total = sum(sizes)
-    estimated: dict[str, float] = {}
-    read = 0
-    for store, size in zip(stores, sizes, strict=True):
-        if not size:
-            continue
-        share = max(1, sample * size // total) if total > sample else size
-        ids = _spread_ids(store, size, share)
-        with redis_errors("read the metadata of parked calls"):
-            metas: Any = store.client.hmget(store.keys.meta, ids) if ids else []
-        read += len(ids)
-        scale = size / len(ids) if ids else 0
-        for raw in metas:
-            task = decode_meta(raw).get("t")
-            name = task if isinstance(task, str) else "(unknown)"
-            estimated[name] = estimated.get(name, 0.0) + scale
+    estimated, total, read = counts.parked_by_task(rd.depot, sample)
     rows = sorted(((task, round(count)) for task, count in estimated.items()), key=lambda row: -row[1])
     shown = rows[:TOP_TASKS]
     if len(rows) > TOP_TASKS:
         shown.append((f"{len(rows) - TOP_TASKS} other tasks", sum(count for _, count in rows[TOP_TASKS:])))
     return {"rows": shown, "total": total, "read": read, "exact": read >= total}
-
-
-def _spread_ids(store: Any, size: int, wanted: int) -> list[str]:
-    """About ``wanted`` ids of a shard's delay set: all of them, or ``SLICES`` runs spread evenly over it."""
-    with redis_errors("sample parked calls"):
-        if size <= wanted:
-            members: Any = store.client.zrange(store.keys.delayed, 0, -1)
-            return [text(member) for member in members]
-        slices = min(SLICES, wanted)
-        run = max(1, wanted // slices)
-        pipe = store.client.pipeline(transaction=False)
-        for index in range(slices):
-            start = index * (size - run) // max(1, slices - 1)
-            pipe.zrange(store.keys.delayed, start, start + run - 1)
-        return list(dict.fromkeys(text(member) for found in pipe.execute() for member in found))
 
 
 def layout(bars: list[Bar], width: int = 560, height: int = 180) -> Chart:

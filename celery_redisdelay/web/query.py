@@ -9,8 +9,7 @@ from typing import Any
 from flask import abort, url_for
 from werkzeug.datastructures import MultiDict
 
-from ..operations.listing import ORDERS, Filter
-from ..store.calls import LISTS
+from ..operations.listing import LISTS, ORDERS, Filter
 
 PAGE_SIZES = (25, 50, 100, 200, 500)
 MOST_SCAN = 100_000
