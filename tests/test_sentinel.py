@@ -117,6 +117,7 @@ def _park_or_none(echo: Any) -> str | None:
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(480)  # its own waits: a third of the run 120 s, the promotion 60 s, the rest 240 s
 def test_validation_loses_nothing_when_the_master_dies_mid_run(sentinel: LocalSentinel) -> None:
     conf = {
         "broker_url": sentinel.kombu_broker_url,
