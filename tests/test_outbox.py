@@ -122,6 +122,25 @@ def test_entries_gathered_together_are_one_script_in_order(
     assert (counted(rd, rd.store, "acked"), counted(rd, rd.store, "revoked")) == (1, 1)
 
 
+def test_a_start_written_now_takes_the_gathered_entries_with_it_in_one_script(
+    rd: RedisDelay, scripts: list[list[tuple[str, str]]]
+) -> None:
+    """An early-ack task's start is written before its body runs (worker/contract.py); the acknowledgement of the
+    process's last run, still gathering, goes in the same script, ahead of it, not in a script of its own."""
+    for call_id in ("last", "next"):
+        in_flight(rd, call_id)
+    gate = Gate()
+    outbox = Outbox(rd.depot, sleep=gate)
+    outbox.ack("last")
+    assert outbox.start_now("next", "w1@host") is True
+    assert scripts == [[("acked", "last"), ("start-once", "next")]]
+    assert rd.find("last") is None
+    assert entry(rd, "next").meta["s"] == "running" and entry(rd, "next").meta["h"] == "w1@host"
+    gate.open()
+    outbox.flush()
+    assert len(scripts) == 1, "the thread finds nothing left to write"
+
+
 def test_a_start_after_its_ack_is_written_and_finds_nothing(rd: RedisDelay) -> None:
     in_flight(rd, "again")
     outbox = Outbox(rd.depot, sleep=lambda _: None)

@@ -185,6 +185,34 @@ class Outbox:
         the call is dead-lettered rather than run again."""
         self._put(START_ONCE if once else START, call_id, worker)
 
+    def start_now(self, call_id: str, worker: str) -> bool:
+        """Write the start of a run that is not run again if cut short with its worker (``once``), in this thread,
+        before its body runs, and with it the entries gathered so far, in order: the acknowledgement of the
+        process's last run, usually, which the thread would otherwise write in a script of its own. True when the
+        store took the start. False: the store refused it; the outbox holds it with the rest, and its thread
+        writes it when the store takes it (a worker that dies meanwhile has the call run again). While the outbox
+        holds entries the store refused, the start is written alone, so a run never waits for a backlog."""
+        entry: Entry = (START_ONCE, call_id, worker)
+        with self._writing:
+            with self._lock:
+                backlog = self._refused_since is not None
+                entries, self._entries = ([], self._entries) if backlog else (self._entries, [])
+                entries.append(entry)
+                self._writing_now = len(entries)
+            try:
+                refused, error = self._write(entries)
+            except Exception:
+                self._dropped(entries)
+                raise
+            if backlog:  # the held entries are the thread's to write, first: the start waits behind them
+                with self._lock:
+                    self._writing_now = 0
+                    if refused:
+                        self._entries.append(entry)
+                return not refused
+            self._hold(refused, len(entries), error)
+        return entry not in refused
+
     def ack(self, call_id: str, outcome: str = "acked") -> None:
         """``call_id`` is finished as Celery sees it; ``outcome`` is counted (see ``CallStore.ack``)."""
         if outcome not in OUTCOMES:

@@ -182,16 +182,11 @@ def disconnect(depot: Depot) -> int:
 
 def start_now(depot: Depot, call_id: str, worker: str) -> None:
     """Write the start of a run that is not run again if cut short with its worker (worker/contract.py), in this
-    thread, before the task's body runs; should the store not answer, the process's outbox writes it when it does
-    (a worker that dies meanwhile has the call run again)."""
-    settings = depot.settings
-    run_ms, lease_ms = round(settings.visibility_timeout * 1000), round(settings.lease * 1000)
-    entry = [("start-once", call_id)]
-    try:
-        depot.shards.first(call_id, lambda store: not store.track(entry, run_ms, lease_ms, worker))
-    except RedisDelayError as exc:
-        logger.warning("redisdelay: could not write the start of call %s now, the outbox will: %s", call_id, exc)
-        depot.outbox.start(call_id, worker, once=True)
+    thread, before the task's body runs, with what the process's outbox gathered so far (``Outbox.start_now``);
+    should the store not take it, the outbox writes it when it does (a worker that dies meanwhile has the call run
+    again)."""
+    if not depot.outbox.start_now(call_id, worker):
+        logger.warning("redisdelay: could not write the start of call %s now; the outbox will", call_id)
 
 
 def parks_calls_of(depot: Depot, task: Any) -> bool:
