@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import count
 from time import sleep
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -101,110 +102,128 @@ def retrying(retry: PublishRetry, write: Callable[[], T]) -> T:
     raise AssertionError("unreachable")  # count() never ends
 
 
+@dataclass(slots=True)
+class CallRequest:
+    """A call to park as its producer made it: ``task``'s call with ``args``, ``kwargs`` and ``options`` (those of
+    ``apply_async``, or of ``send_task`` by name), parked by ``rules`` (a delayed task is its own rules).
+    ``build(call_id, producer, options)`` makes Celery build and publish its message through the parking producer
+    (``apply_async`` and ``app.send_task`` each pass their own) and returns Celery's result; ``built_by`` names the
+    call behind ``build`` and the options it takes by name besides ``options``: calls alike in all of it share a
+    template. ``send_now``: a call due now goes onto its queue at once, tracked (``redisdelay_track_due_now``),
+    instead of waiting for a release. ``result_cls`` makes the result of a call rendered from a template
+    (``build`` gives it to Celery for the others), as ``send_task`` would."""
+
+    task: Any
+    rules: CallRules
+    args: Any
+    kwargs: Any
+    task_id: str | None
+    options: dict[str, Any]
+    build: Callable[[str, Any, dict[str, Any]], Any]
+    ignore_result: bool
+    built_by: tuple[str, dict[str, Any]]
+    send_now: bool = False
+    result_cls: Callable[[str], AsyncResult] | None = None
+
+
+@dataclass(slots=True)
+class Storing:
+    """How one call is stored, worked out once by :func:`park_call` for every attempt (a debounced call may be
+    stored several times, under several ids) and either way of building its message (by Celery, or rendered from a
+    kept template): when it is due, under which unique or debounce ``key`` (``mode``), behind which limits' ``gate``,
+    the ``eta`` text Celery would write in its message, whether it is ``sending`` (due now and tracked: onto its
+    queue at once, see :func:`store_call`), and how its store write is retried (``retry``). ``capture``:
+    ``park_many`` takes the built messages instead; ``caller``: the producer the caller gave, for the task-sent
+    event."""
+
+    depot: Depot
+    templates: TemplateCache
+    task: Any
+    args: Any
+    kwargs: Any
+    due: Due
+    limits: Limits
+    retry: PublishRetry
+    ignore_result: bool = False
+    mode: str = ""
+    key: str = ""
+    gate: Gate | None = None
+    eta: str | None = None
+    sending: bool = False
+    capture: list[tuple[Envelope, Due, Limits]] | None = None
+    caller: Any = None
+
+
 @contextmanager
-def parking_producer(  # noqa: PLR0913 - known: these are to become one request object
-    depot: Depot,
-    templates: TemplateCache,
-    task_id: str,
-    due: Due,
-    meta: Limits,
-    mode: str = "",
-    key: str = "",
-    capture: list[tuple[Envelope, Due, Limits]] | None = None,
-    learn: TemplateKey | None = None,
-    given: tuple[Any, Any] | None = None,
-    eta: str | None = None,
-    gate: Gate | None = None,
-    caller: Any = None,
-    send_now: bool = False,
+def parking_producer(
+    storing: Storing, task_id: str, learn: TemplateKey | None = None, given: tuple[Any, Any] | None = None
 ) -> Iterator[ParkingProducer]:
     """A producer for Celery's ``send_task`` that parks the message under ``task_id``, with the ``eta`` Celery
     would have written in it in :data:`~celery_redisdelay.message.marks.ETA_HEADER` (its ``eta`` stays None).
-    What else Celery publishes for the call (its task-sent event) goes through ``caller``, the producer the
+    What else Celery publishes for the call (its task-sent event) goes through ``storing.caller``, the producer the
     caller gave, or one of the app's pool, as Celery's ``send_task`` would publish it.
 
-    ``mode`` ``unique`` or ``debounce`` parks it under ``key`` (see :meth:`CallStore.park_keyed`);
-    the producer's ``outcome`` then tells what the store did. With ``learn``, a template of the call
-    is kept in ``templates`` under that key (see :mod:`celery_redisdelay.producer.templates`) for the calls like
-    it; ``given``
-    are the caller's args and kwargs it is checked with. With ``send_now`` (a call due now, tracked), the message
-    goes onto its queue at once, in flight (see :func:`store_call`).
+    A ``storing.mode`` of ``unique`` or ``debounce`` parks it under ``storing.key`` (see
+    :meth:`CallStore.park_keyed`); the producer's ``outcome`` then tells what the store did. With ``learn``, a
+    template of the call is kept under that key (see :mod:`celery_redisdelay.producer.templates`) for the calls like
+    it; ``given`` are the caller's args and kwargs it is checked with.
     """
+    depot, eta = storing.depot, storing.eta
 
     def park(envelope: Envelope) -> tuple[int, str]:
         if eta is not None:
             envelope.headers[ETA_HEADER] = eta  # the envelope's own copy of Celery's headers
-        if capture is not None:
-            capture.append((envelope, due, meta))
+        if storing.capture is not None:
+            storing.capture.append((envelope, storing.due, storing.limits))
             return 1, task_id
         encoded, fast = depot.encode(envelope)
         depot.check_size(envelope.task, len(encoded))
         # A broker message's metadata names the list the release script pushes it onto.
-        stored_meta: Limits | CallMeta = routed(meta, fast.key) if fast else meta
-        send_to = fast.key if send_now and fast else None
+        stored_meta: Limits | CallMeta = routed(storing.limits, fast.key) if fast else storing.limits
+        send_to = fast.key if storing.sending and fast else None
         retry = PublishRetry.given(envelope)  # as Celery gave it to this publish
-        status, holder = store_call(depot, task_id, encoded, stored_meta, None, due, mode, key, gate, send_to, retry)
+        status, holder = store_call(storing, task_id, encoded, stored_meta, None, send_to, retry)
         if learn is not None:
             options = dict(learn.options)
             fixed = ("argsrepr" in options, "kwargsrepr" in options)
             template = CallTemplate.of(depot.app, envelope, encoded, fast, given=given, fixed_reprs=fixed)
-            templates.keep(learn, template, stored_meta)
+            storing.templates.keep(learn, template, stored_meta)
         return status, holder
 
-    with depot.app.producer_or_acquire(caller) as real:
+    with depot.app.producer_or_acquire(storing.caller) as real:
         yield ParkingProducer(real, task_id, park, depot.accepted_content_types, eta)
 
 
-def park_from(  # noqa: PLR0913 - known: these are to become one request object
-    depot: Depot,
-    kept: Kept,
-    task: Any,
-    call_id: str,
-    args: Any,
-    kwargs: Any,
-    due: Due,
-    mode: str,
-    key: str,
-    ignore_result: bool,
-    eta: str | None = None,
-    gate: Gate | None = None,
-    send_now: bool = False,
-    retry: PublishRetry | None = None,
-) -> tuple[int, str]:
+def park_from(storing: Storing, kept: Kept, call_id: str) -> tuple[int, str]:
     """Park a call rendered from a kept template, without Celery: (status, id), as the parking
-    producer's ``outcome`` (with ``send_now``, sent onto its queue at once: see :func:`store_call`), tried
-    by ``retry`` (the app's ``task_publish_retry`` and ``task_publish_retry_policy`` when None). The
-    arguments are checked as Celery checks them first, and the result backend hears of the call as Celery's
-    ``send_task`` tells it, before the message goes (the Redis backend subscribes to the result's channel; kept
-    templates allow no other backend that does anything here)."""
-    args, kwargs = args or (), kwargs or {}
+    producer's ``outcome`` (sent onto its queue at once when ``storing.sending``: see :func:`store_call`), tried
+    by ``storing.retry``. The arguments are checked as Celery checks them first, and the result backend hears of
+    the call as Celery's ``send_task`` tells it, before the message goes (the Redis backend subscribes to the
+    result's channel; kept templates allow no other backend that does anything here)."""
+    task, depot = storing.task, storing.depot
+    args, kwargs = storing.args or (), storing.kwargs or {}
     if not isinstance(args, list | tuple):
         raise TypeError("task args must be a list or tuple")
     if not isinstance(kwargs, Mapping):
         raise TypeError("task keyword arguments must be a mapping")
     if task.typing:
         task.__header__(*args, **kwargs)
-    stored = kept.template.render(call_id, args, kwargs, eta=eta)
+    stored = kept.template.render(call_id, args, kwargs, eta=storing.eta)
     depot.check_size(kept.template.task, len(stored))
-    if not ignore_result:
+    if not storing.ignore_result:
         task._get_app().backend.on_task_call(None, call_id)
-    route = kept.meta.get("l") if send_now else None
+    route = kept.meta.get("l") if storing.sending else None
     send_to = route if isinstance(route, str) else None
-    stored_meta = meta_json(kept.meta, key) if mode else kept.stored_meta
-    retry = retry or PublishRetry.of(depot.app, {})
-    return store_call(depot, call_id, stored, kept.meta, stored_meta, due, mode, key, gate, send_to, retry)
+    stored_meta = meta_json(kept.meta, storing.key) if storing.mode else kept.stored_meta
+    return store_call(storing, call_id, stored, kept.meta, stored_meta, send_to, storing.retry)
 
 
-def store_call(  # noqa: PLR0913 - known: these are to become one request object
-    depot: Depot,
+def store_call(
+    storing: Storing,
     call_id: str,
     payload: bytes,
     meta: Limits | CallMeta,
     stored_meta: str | None,
-    due: Due,
-    mode: str,
-    key: str,
-    gate: Gate | None,
     send_to: str | None,
     retry: PublishRetry,
 ) -> tuple[int, str]:
@@ -215,6 +234,7 @@ def store_call(  # noqa: PLR0913 - known: these are to become one request object
 
     This is where every single call is written to the store (built by Celery or rendered from a template), so the
     call's publish ``retry`` applies here, once (:func:`retrying`)."""
+    depot, mode, gate = storing.depot, storing.mode, storing.gate
     if send_to is not None and not mode and gate is None:
         message_meta = stored_meta if stored_meta is not None else meta_json(meta)
         queue_timeout_ms = round(depot.settings.queue_timeout * 1000)
@@ -230,10 +250,10 @@ def store_call(  # noqa: PLR0913 - known: these are to become one request object
             call_id,
             payload,
             stored_meta if stored_meta is not None else meta,
-            countdown_ms=due.countdown_ms,
-            due_ms=due.at_ms,
+            countdown_ms=storing.due.countdown_ms,
+            due_ms=storing.due.at_ms,
             mode=mode,
-            key=key,
+            key=storing.key,
             gate=gate,
         )
         return status, holder
@@ -241,28 +261,12 @@ def store_call(  # noqa: PLR0913 - known: these are to become one request object
     return retrying(retry, park)
 
 
-def park_call(  # noqa: C901, PLR0913 - known: these are to become one request object
-    task: Any,
-    rules: CallRules,
-    args: Any,
-    kwargs: Any,
-    task_id: str | None,
-    options: dict[str, Any],
-    build: Callable[[str, Any, dict[str, Any]], Any],
-    ignore_result: bool,
-    built_by: tuple[str, dict[str, Any]],
-    send_now: bool = False,
-    result_cls: Callable[[str], AsyncResult] | None = None,
-) -> AsyncResult:
-    """Park a call of ``task`` by ``rules`` (a delayed task is its own rules): ``build(call_id, producer,
-    options)`` makes Celery build and publish its message through the parking producer (``apply_async`` and
-    ``app.send_task`` each pass their own) and returns Celery's result. That result is the call's: dropped,
-    it would end the Redis result backend's subscription Celery made at the call. The result is marked
-    ``ignored`` as Celery marks it (``get()`` then returns None at once).
-    ``built_by`` names the call behind ``build`` and the options it takes by name besides
-    ``options``: calls alike in all of it share a template. ``send_now``: a call due now goes onto its queue at
-    once, tracked (``redisdelay_track_due_now``), instead of waiting for a release. ``result_cls`` makes the result
-    of a call rendered from a template (``build`` gives it to Celery for the others), as ``send_task`` would."""
+def storing_of(request: CallRequest) -> tuple[Storing, TemplateKey | None, str | None]:
+    """How ``request``'s call is stored (its options worked out once, as Celery would read them), the key its
+    template is kept under (None: it is not), and the name of the lock it takes, if any. Takes from the request's
+    options what is the parking's (``_redisdelay_capture``, the caller's producer, ``eta``, ``countdown``) and adds
+    the task's routing defaults."""
+    task, rules, args, kwargs, options = request.task, request.rules, request.args, request.kwargs, request.options
     capture = options.pop("_redisdelay_capture", None)  # park_many: build the message, do not park it
     caller = _callers_producer(task, options)
     limits, mode, key, lock_name, gate = rules.call_options(args, kwargs, options)
@@ -284,32 +288,53 @@ def park_call(  # noqa: C901, PLR0913 - known: these are to become one request o
         (lambda: now) if now else app.now,
         options.get("timezone") or app.timezone,
     )
-
-    depot, templates = rules.depot, rules.templates
-    # How Celery would retry this call's publish: its store calls are tried so (the write itself by what Celery
-    # hands the parking producer, which is this unless Celery retries the publish itself).
-    retry = PublishRetry.of(app, options)
     # Calls like one Celery built before are rendered from its template (templates.py).
-    via, named = built_by
+    via, named = request.built_by
     kept_key = template_key(task, via, {**options, **named}, limits, eta_text is not None) if capture is None else None
+    storing = Storing(
+        rules.depot,
+        rules.templates,
+        task,
+        args,
+        kwargs,
+        due,
+        limits,
+        # How Celery would retry this call's publish: its store calls are tried so (the write itself by what Celery
+        # hands the parking producer, which is this unless Celery retries the publish itself).
+        PublishRetry.of(app, options),
+        ignore_result=request.ignore_result,
+        mode=mode,
+        key=key,
+        gate=gate,
+        eta=eta_text,
+        sending=request.send_now and due.countdown_ms == 0 and eta_text is None,
+        capture=capture,
+        caller=caller,
+    )
+    return storing, kept_key, lock_name
 
+
+def park_call(request: CallRequest) -> AsyncResult:
+    """Park a call (:class:`CallRequest`) by its rules, with its unique or debounce key: Celery's result of the call.
+    That result is the call's: dropped, it would end the Redis result backend's subscription Celery made at the
+    call. The result is marked ``ignored`` as Celery marks it (``get()`` then returns None at once)."""
+    storing, kept_key, lock_name = storing_of(request)
+    task, args, kwargs, options = request.task, request.args, request.kwargs, request.options
+    task_id, ignore_result, result_cls = request.task_id, request.ignore_result, request.result_cls
+    depot, templates, retry = storing.depot, storing.templates, storing.retry
+    mode, key, gate = storing.mode, storing.key, storing.gate
     made: dict[str, AsyncResult] = {}  # Celery's results of the calls it built, by id
-    sending = send_now and due.countdown_ms == 0 and eta_text is None
 
     def send(call_id: str) -> tuple[int, str]:
         kept = templates.get(kept_key)
         if kept is not None:
-            return park_from(
-                depot, kept, task, call_id, args, kwargs, due, mode, key, ignore_result, eta_text, gate, sending, retry
-            )
+            return park_from(storing, kept, call_id)
         learn = kept_key if templates.wanted(kept_key) else None
         given = (args, kwargs) if learn is not None else None
-        with parking_producer(
-            depot, templates, call_id, due, limits, mode, key, capture, learn, given, eta_text, gate, caller, sending
-        ) as parking:
+        with parking_producer(storing, call_id, learn, given) as parking:
             # A store that is down raises StoreUnavailableError, a kombu OperationalError: Celery's send_task lets
             # it through as it is (it wraps only the connection errors that are not one).
-            built = build(call_id, parking, dict(options))
+            built = request.build(call_id, parking, dict(options))
             if isinstance(built, AsyncResult):
                 made[call_id] = built
             return parking.outcome
@@ -337,16 +362,24 @@ def park_call(  # noqa: C901, PLR0913 - known: these are to become one request o
     if mode == "debounce":
         # The replacing call takes the id of the call it replaces, so its message is built with it.
         candidate = retrying(retry, lambda: shards.for_name(key).holder(key)) or task_id or fresh()
-        for _ in range(DEBOUNCE_ATTEMPTS):
-            status, holder = send(candidate)
-            if status != CONFLICT:
-                return _result(task, holder, ignore_result, made, result_cls)
-            candidate = holder or fresh()
-        raise RedisDelayError(
-            f"could not park {task.name} under debounce key {key!r}: other producers kept changing it "
-            f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
-        )
+        return _result(task, _debounced(send, candidate, fresh, task.name, key), ignore_result, made, result_cls)
     return _result(task, send(task_id or fresh())[1], ignore_result, made, result_cls)
+
+
+def _debounced(
+    send: Callable[[str], tuple[int, str]], candidate: str, fresh: Callable[[], str], task: str, key: str
+) -> str:
+    """Park a debounced call under ``candidate`` (the id of the call it replaces, or its own), taking the id of
+    whichever call holds the key when it loses a race for it: the id of the call that holds the key after it."""
+    for _ in range(DEBOUNCE_ATTEMPTS):
+        status, holder = send(candidate)
+        if status != CONFLICT:
+            return holder
+        candidate = holder or fresh()
+    raise RedisDelayError(
+        f"could not park {task} under debounce key {key!r}: other producers kept changing it "
+        f"({DEBOUNCE_ATTEMPTS} attempts); nothing was stored"
+    )
 
 
 def _callers_producer(task: Any, options: dict[str, Any]) -> Any:
@@ -404,5 +437,7 @@ def park_sent(
 
     ignore_result = bool(options.get("ignore_result"))
     return park_call(
-        task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}), send_now, result_cls
+        CallRequest(
+            task, rules, args, kwargs, task_id, options, build, ignore_result, ("send_task", {}), send_now, result_cls
+        )
     )

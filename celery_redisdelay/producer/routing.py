@@ -58,9 +58,12 @@ class Router:
         )
         protocol_1 = (conf.get("task_protocol") or 2) != 2
         all_tasks = bool(conf.get("redisdelay_all_tasks"))
-        tracked = bool(track is not False and all_tasks and self.tracked(name))
+        # Looked up only where they can matter (path() leaves any other call under protocol 1 to Celery): reading
+        # the settings refuses protocol 1.
+        looks = all_tasks and not protocol_1
+        tracked = bool(track is not False and looks and self.tracked(name))
         waits = len(args) > 2 or kwargs.get("countdown") is not None or kwargs.get("eta") is not None
-        limited = all_tasks and not explicit and self.limited(name)
+        limited = looks and not explicit and self.limited(name)
         if not may_leave_celery(
             explicit=explicit, protocol_1=protocol_1, all_tasks=all_tasks, waits=waits, limited=limited, tracked=tracked
         ):

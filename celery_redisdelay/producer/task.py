@@ -13,7 +13,7 @@ from celery.utils import uuid
 from ..errors import Abandon, ConfigurationError, Deferred, StoreUnavailableError
 from ..message.marks import request_delivery
 from .locks import Lock
-from .parking import park_call, park_sent
+from .parking import CallRequest, park_call, park_sent
 from .rules import CallRules
 from .schedule import lock_ms, seconds
 
@@ -69,7 +69,8 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
         if producer is not None:
             options["producer"] = producer  # the task-sent event goes through it (park_call)
         ignore_result = bool(options.get("ignore_result", self.ignore_result))
-        return park_call(self, self, args, kwargs, task_id, options, build, ignore_result, ("apply_async", named))
+        built_by = ("apply_async", named)
+        return park_call(CallRequest(self, self, args, kwargs, task_id, options, build, ignore_result, built_by))
 
     def park(
         self,
@@ -82,7 +83,7 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
         built_by: tuple[str, dict[str, Any]],
     ) -> AsyncResult:
         """Park a call by this task's own rules (see :func:`~celery_redisdelay.producer.parking.park_call`)."""
-        return park_call(self, self, args, kwargs, task_id, options, build, ignore_result, built_by)
+        return park_call(CallRequest(self, self, args, kwargs, task_id, options, build, ignore_result, built_by))
 
     def park_sent(self, given: dict[str, Any], send_task: Callable[..., Any]) -> AsyncResult:
         """Park a call made by name, ``app.send_task(self.name, ...)`` (see
