@@ -60,8 +60,8 @@ from .common import (
     PRECISE_ON,
     QUEUES,
     incr_io,
-    server_ms,
 )
+from .marks import record_mark
 
 
 @dataclass
@@ -152,15 +152,15 @@ def build(
     plain_incr = app.task(name="bench.plain_incr", shared=False)(incr)
 
     def record_start(self: Any, key: str, i: int = 0) -> None:
-        """Record ``<call id> <Redis time in ms>`` as the first thing the call does."""
-        marks.rpush(key, f"{self.request.id} {server_ms(marks)}")
+        """Mark its start (:mod:`bench.marks`) as the first thing the call does."""
+        record_mark(marks, key, self.request.id)
 
     stamp = rd.delayed(name="bench.stamp", bind=True)(record_start)
     plain_stamp = app.task(name="bench.plain_stamp", bind=True, shared=False)(record_start)
 
     def sleep(self: Any, key: str, seconds: float) -> None:
-        """Record ``<call id> <Redis time in ms> <worker>``, then sleep ``seconds`` unless ``<key>:awake`` is set."""
-        marks.rpush(key, f"{self.request.id} {server_ms(marks)} {self.request.hostname}")
+        """Mark its start with its worker (:mod:`bench.marks`), then sleep ``seconds`` unless ``<key>:awake`` is set."""
+        record_mark(marks, key, self.request.id, self.request.hostname)
         ends = time.monotonic() + seconds
         while time.monotonic() < ends and not marks.exists(f"{key}:awake"):
             time.sleep(0.1)

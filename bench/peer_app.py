@@ -17,7 +17,8 @@ from typing import Any
 import redis
 from celery import Celery
 
-from .common import ENV_PREFETCH, ENV_URL, incr_io, server_ms
+from .common import ENV_PREFETCH, ENV_URL, incr_io
+from .marks import record_mark
 
 PEER_QUEUE = "bench-burst-peer"
 PEER_DB = 2
@@ -37,8 +38,8 @@ marks = redis.Redis.from_url(f"{url}/0")
 
 
 def record_start(self: Any, key: str, i: int = 0) -> None:
-    """Record ``<call id> <Redis time in ms>`` as the first thing the call does (as ``bench.stamp``)."""
-    marks.rpush(key, f"{self.request.id} {server_ms(marks)}")
+    """Mark its start (:mod:`bench.marks`) as the first thing the call does (as ``bench.stamp``)."""
+    record_mark(marks, key, self.request.id)
 
 
 def noop(i: int = 0) -> int:

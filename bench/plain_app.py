@@ -11,7 +11,8 @@ import redis
 from celery import Celery
 from kombu import Exchange, Queue
 
-from .common import DEFAULT_QUEUE, ENV_PREFETCH, ENV_URL, QUEUES, incr_io, server_ms
+from .common import DEFAULT_QUEUE, ENV_PREFETCH, ENV_URL, QUEUES, incr_io
+from .marks import record_mark
 
 url = os.environ.get(ENV_URL, "redis://127.0.0.1:6379")
 app: Any = Celery("bench-plain", broker=f"{url}/0", set_as_current=True)
@@ -31,8 +32,8 @@ def noop(i: int = 0) -> int:
 
 
 def record_start(self: Any, key: str, i: int = 0) -> None:
-    """Record ``<call id> <Redis time in ms>`` as the first thing the call does (as ``bench.plain_stamp``)."""
-    marks.rpush(key, f"{self.request.id} {server_ms(marks)}")
+    """Mark its start (:mod:`bench.marks`) as the first thing the call does (as ``bench.plain_stamp``)."""
+    record_mark(marks, key, self.request.id)
 
 
 def incr(i: int = 0) -> int:

@@ -17,7 +17,8 @@ from kombu import Exchange, Queue
 
 from celery_redisdelay import RedisDelay
 
-from .common import ENV_PRECISE, ENV_URL, PRECISE_ON, server_ms
+from .common import ENV_PRECISE, ENV_URL, PRECISE_ON
+from .marks import record_mark
 
 ENV_AMQP = "REDISDELAY_BENCH_AMQP"
 ENV_RABBIT_PLAIN = "REDISDELAY_BENCH_RABBIT_PLAIN"
@@ -45,8 +46,8 @@ def _noop(i: int = 0) -> int:
 
 
 def record_start(self: Any, key: str, i: int = 0) -> None:
-    """Record ``<call id> <Redis time in ms>`` as the first thing the call does (a no-op besides)."""
-    marks.rpush(key, f"{self.request.id} {server_ms(marks)}")
+    """Mark its start (:mod:`bench.marks`) as the first thing the call does (a no-op besides)."""
+    record_mark(marks, key, self.request.id)
 
 
 #: Celery's own countdown, the baseline (Celery's decorator is untyped).

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import redis
 
+from .marks import Mark
 from .report import percentile
 
 
@@ -49,14 +51,14 @@ def window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def exactness(due_ms: dict[str, int], lines: list[str]) -> dict[str, Any]:
-    """Each call's runs from the recorded ``<call id> <start ms>`` lines, against its due time (ms, same clock)."""
-    runs = Counter(line.split()[0] for line in lines)
+def exactness(due_ms: dict[str, int], marks: Sequence[Mark | str]) -> dict[str, Any]:
+    """Each call's runs from the starts its task marked (:mod:`bench.marks`; a line as recorded is read as its mark),
+    against its due time (ms, same clock)."""
+    starts = [mark if isinstance(mark, Mark) else Mark.parse(mark) for mark in marks]
+    runs = Counter(mark.call_id for mark in starts)
     first: dict[str, int] = {}
     early = 0
-    for line in lines:
-        call_id, ms = line.split()[:2]
-        start = int(ms)
+    for call_id, start, _ in starts:
         if call_id in due_ms and start < due_ms[call_id]:
             early += 1
         first[call_id] = min(start, first.get(call_id, start))

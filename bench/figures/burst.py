@@ -30,6 +30,7 @@ from ..common import BURST_PLAIN_QUEUE as PLAIN_QUEUE
 from ..common import BURST_QUEUE as OURS_QUEUE
 from ..common import ENV_URL, server_ms
 from ..context import Context
+from ..marks import read_marks
 from ..processes import rss_mb
 from ..report import SKIPPED, Row, percentile, ratio
 from .worker_memory import settled_rss
@@ -91,9 +92,9 @@ def one_side(ctx: Context, worker: CeleryProcess, send: Any, n: int, lead: float
     waiting = (ctx.used_memory() - before) / n
     wait_for(lambda: client.llen(key) >= n, lead + 600, f"{n} calls of the burst to start ({label})", 0.1)
     largest = sampler.stop()
-    raws: Any = client.lrange(key, 0, -1)
+    marks = read_marks(client, key)
     client.unlink(key)
-    late = [float(int(raw.split()[1]) - due_ms) for raw in raws]
+    late = [float(mark.ms - due_ms) for mark in marks]
     last = max(late)
     result = {
         "calls": n,

@@ -20,6 +20,7 @@ from ..app import BenchApp, build
 from ..common import DEFAULT_QUEUE, server_ms
 from ..context import Context
 from ..fill import Template, park_copies, template
+from ..marks import read_marks
 from ..processes import mem_available_bytes
 from ..report import NOT_IMPLEMENTED, Row, percentile, ratio
 
@@ -42,8 +43,7 @@ def measure(ctx: Context, parker: BenchApp, label: str) -> dict[str, Any]:
     if any(score is None for score in scores):
         raise RuntimeError(f"{label}: calls were released before their due time was read; raise LEAD")
     wait_for(lambda: client.llen(marks) >= count, LEAD + spread + 60, f"{count} calls to start ({label})", 0.1)
-    lines: Any = client.lrange(marks, 0, -1)
-    started = {call_id: int(ms) for call_id, ms in (line.decode().split() for line in lines)}
+    started = {mark.call_id: mark.ms for mark in read_marks(client, marks)}
     client.unlink(marks)
     late = [started[call_id] - float(due or 0) for call_id, due in zip(ids, scores, strict=True)]
     result = {

@@ -20,6 +20,7 @@ from celery_redisdelay.testing import wait_for
 
 from ..common import LIMITS_PLAIN_QUEUE, LIMITS_QUEUE, server_ms
 from ..context import Context
+from ..marks import read_marks
 from ..report import Row, percentile
 
 RATE = 20.0
@@ -36,9 +37,9 @@ def starts(ctx: Context, key: str, n: int, deadline: float, everything: bool = T
     except TimeoutError:
         if everything:
             raise
-    raws: Any = client.lrange(key, 0, -1)
+    marks = read_marks(client, key)
     client.unlink(key)
-    return sorted(float(int(raw.split()[1])) for raw in raws)
+    return sorted(float(mark.ms) for mark in marks)
 
 
 def most_in_a_window(times: list[float]) -> int:

@@ -34,6 +34,7 @@ from ..app import BenchApp, build
 from ..common import DEFAULT_QUEUE as QUEUE
 from ..common import server_ms
 from ..context import Context
+from ..marks import Mark, read_marks
 from ..report import Row, percentile, ratio
 
 PAUSED_TASK = "bench.stamp"
@@ -88,12 +89,6 @@ class Stream(threading.Thread):
                     self.due_of[sent.id] = due
         except BaseException as exc:  # noqa: BLE001 - the run reports it
             self.error = exc
-
-
-def starts(ctx: Context, key: str) -> list[tuple[str, int]]:
-    """The (call id, Redis ms) each call noted under ``key`` recorded when it started."""
-    raws: Any = ctx.client.lrange(key, 0, -1)
-    return [(fields[0].decode(), int(fields[1])) for fields in (raw.split() for raw in raws)]
 
 
 def sleep_until(ctx: Context, at_ms: int) -> None:
@@ -155,7 +150,8 @@ def one_run(ctx: Context, scenario: Scenario, pause: bool, offset_ms: float) -> 
             )
         except TimeoutError as exc:
             ctx.say(f"  {label}: {exc}; counting what started")
-        return measure(label, expected, starts(ctx, marks), stream, starts(ctx, other), pause_ms, resume_ms, waiting)
+        started, others = read_marks(client, marks), read_marks(client, other)
+        return measure(label, expected, started, stream, others, pause_ms, resume_ms, waiting)
     finally:
         if stream is not None:
             stream.stopping.set()
@@ -169,9 +165,9 @@ def one_run(ctx: Context, scenario: Scenario, pause: bool, offset_ms: float) -> 
 def measure(
     label: str,
     expected: list[str],
-    paused: list[tuple[str, int]],
+    paused: list[Mark],
     stream: Stream,
-    other: list[tuple[str, int]],
+    other: list[Mark],
     pause_ms: int,
     resume_ms: int,
     waiting: int,
@@ -180,15 +176,15 @@ def measure(
     if not paused or not other:
         raise RuntimeError(f"{label}: {len(paused)} calls of the paused task and {len(other)} others started")
     first: dict[str, int] = {}
-    for call_id, at in paused:
-        first[call_id] = min(at, first.get(call_id, at))
-    times = [at for _, at in paused]
+    for mark in paused:
+        first[mark.call_id] = min(mark.ms, first.get(mark.call_id, mark.ms))
+    times = [mark.ms for mark in paused]
     held_from = pause_ms + BOUND_MS
     late: dict[str, int] = {}  # the other task's calls by id: its first start after its due time
-    for call_id, at in other:
-        if call_id in stream.due_of:
-            after = at - stream.due_of[call_id]
-            late[call_id] = min(after, late.get(call_id, after))
+    for mark in other:
+        if mark.call_id in stream.due_of:
+            after = mark.ms - stream.due_of[mark.call_id]
+            late[mark.call_id] = min(after, late.get(mark.call_id, after))
     whole = spread_of([float(after) for after in late.values()])
     meanwhile = [float(after) for call_id, after in late.items() if stream.due_of[call_id] < resume_ms]
     # Where the worst of them were due, from the resume (ms): in the resume's burst, or elsewhere.
@@ -209,7 +205,7 @@ def measure(
         "other": {
             "calls": len(stream.due_of),
             "started": len(late),
-            "duplicates": len(other) - len({call_id for call_id, _ in other}),
+            "duplicates": len(other) - len({mark.call_id for mark in other}),
             "whole_run": whole,
             "due_before_resume": spread_of(meanwhile),
             "stream_most_lag_ms": round(stream.most_lag_ms),

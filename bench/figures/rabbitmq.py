@@ -39,6 +39,7 @@ from celery_redisdelay.testing.rabbitmq import INSTALL_HINT, RabbitMQServer, Rab
 
 from ..common import ENV_PRECISE, ENV_URL, PRECISE_ON, server_ms
 from ..context import Context
+from ..marks import read_marks
 from ..processes import ROOT
 from ..report import SKIPPED, Row, percentile, ratio
 from .burst import Sampler
@@ -285,10 +286,10 @@ def _e2e_round(ctx: Context, send: Callable[[str, int, datetime], None], n: int,
         if (count >= n and time.monotonic() - since >= 0.5) or time.monotonic() - since >= 30 + lead:
             break
         time.sleep(0.05)
-    raws: Any = client.lrange(key, 0, -1)
+    marks = read_marks(client, key)
     client.unlink(key)
-    ids = [raw.split()[0] for raw in raws]
-    late = [float(int(raw.split()[1]) - due_ms) for raw in raws]
+    ids = [mark.call_id for mark in marks]
+    late = [float(mark.ms - due_ms) for mark in marks]
     return {
         "late": late,
         "drain_seconds": max(max(late, default=0.0) / 1000, 0.001),

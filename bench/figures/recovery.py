@@ -29,6 +29,7 @@ from celery_redisdelay.testing import wait_for
 from ..app import BenchApp, build
 from ..common import RECOVERY_QUEUE, server_ms
 from ..context import Context
+from ..marks import Mark, read_marks
 from ..report import Row
 
 TARGET_SECONDS = 45.0
@@ -40,14 +41,9 @@ BASELINE_WINDOW = 75.0
 QUICK_LEASE = 3.0
 
 
-def starts(ctx: Context, key: str) -> list[tuple[str, int, str]]:
-    """(call id, Redis time in ms, worker) of every start recorded under ``key``."""
-    found = []
-    raws: Any = ctx.client.lrange(key, 0, -1)
-    for raw in raws:
-        call_id, at, worker = raw.decode().split(" ", 2)
-        found.append((call_id, int(at), worker))
-    return found
+def on_second(mark: Mark) -> bool:
+    """Whether the start was on the second worker (the sleeper tasks mark their worker)."""
+    return (mark.worker or "").startswith("recovery-second@")
 
 
 def one_side(
@@ -79,7 +75,7 @@ def one_side(
 
     first = worker("recovery-first")
     long = task.apply_async((key, LONG_SECONDS), queue=RECOVERY_QUEUE).id
-    wait_for(lambda: any(s[0] == long for s in starts(ctx, key)), 60, "the long call to start")
+    wait_for(lambda: any(mark.call_id == long for mark in read_marks(ctx.client, key)), 60, "the long call to start")
     quick = [task.apply_async((key, 0.0), queue=RECOVERY_QUEUE).id for _ in range(prefetched)]
     wait_for(lambda: ctx.client.llen(RECOVERY_QUEUE) == 0 and app.rd.stats()["delayed"] == 0, 60, "the prefetch")
     if ours:
@@ -95,19 +91,19 @@ def one_side(
     wanted = {long, *quick}
 
     def again() -> set[str]:
-        return {call_id for call_id, _, worker in starts(ctx, key) if worker.startswith("recovery-second@")}
+        return {mark.call_id for mark in read_marks(ctx.client, key) if on_second(mark)}
 
     deadline = time.monotonic() + window
     while time.monotonic() < deadline and again() < wanted:
         time.sleep(0.2)
     recovered = {
-        call_id: (at - killed_ms) / 1000
-        for call_id, at, worker in starts(ctx, key)
-        if worker.startswith("recovery-second@") and call_id in wanted
+        mark.call_id: (mark.ms - killed_ms) / 1000
+        for mark in read_marks(ctx.client, key)
+        if on_second(mark) and mark.call_id in wanted
     }
     runs: dict[str, int] = {}
-    for call_id, _, _ in starts(ctx, key):
-        runs[call_id] = runs.get(call_id, 0) + 1
+    for mark in read_marks(ctx.client, key):
+        runs[mark.call_id] = runs.get(mark.call_id, 0) + 1
     ctx.processes.stop(second)
     ctx.client.unlink(key, f"{key}:awake")
     seconds = sorted(recovered.values())
@@ -195,7 +191,7 @@ def long_run_of(ctx: Context, *, tracked: bool) -> dict[str, Any]:
     try:
         call = task.apply_async((key, seconds), queue=RECOVERY_QUEUE).id
         wait_for(lambda: app.rd.find(call) is None, seconds + 120, "the long run to be acknowledged", interval=1.0)
-        started = [s for s in starts(ctx, key) if s[0] == call]
+        started = [mark for mark in read_marks(ctx.client, key) if mark.call_id == call]
     finally:
         ctx.processes.stop(worker)
         app.app.close()

@@ -30,6 +30,7 @@ from celery_redisdelay.testing import RedisServer, wait_for
 from ..app import build
 from ..common import DEFAULT_QUEUE, server_ms
 from ..context import Context
+from ..marks import read_marks
 from ..processes import Processes
 from ..report import Row, ratio
 from ..server_load import exactness, snapshot, window
@@ -112,8 +113,7 @@ def workers_releasing(ctx: Context) -> dict[str, Any]:
         wait_for(lambda: client.llen(marks) >= calls, LEAD + spread + 120, f"{calls} calls to start", 0.1)
         time.sleep(GRACE)
         during = window(before, snapshot(client))
-        lines: Any = client.lrange(marks, 0, -1)
-        check = exactness(due_ms, [line.decode() for line in lines])
+        check = exactness(due_ms, read_marks(client, marks))
         ctx.say(
             f"  exactness, {calls:,} calls over {spread:.0f} s: ran once {check['ran_once']:,}, duplicates "
             f"{check['duplicates']}, missing {check['missing']}, early {check['early']}; lateness p50 "

@@ -78,3 +78,6 @@ def reset(ctx: click.Context, name: str) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="NAME") from exc
     say(f"{name}: as the code declares it")
+
+
+COMMANDS = (limits,)
