@@ -193,28 +193,12 @@ class Settings:
         return self.precise_release is not False
 
     @classmethod
-    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:  # noqa: C901 - known: to be split
+    def from_conf(cls, conf: Mapping[str, Any]) -> Settings:
         """Read and check the settings; raise :class:`ConfigurationError` naming the bad one (an unknown
         ``redisdelay_*`` one too, see :func:`check_names`)."""
         check_names(conf)
-        url = conf.get("redisdelay_url")
-        if url:
-            broker_options: dict[str, Any] = {}
-            if not isinstance(url, str) or not url.startswith(STORE_SCHEMES):
-                raise ConfigurationError(
-                    "redisdelay_url must be a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// "
-                    f"URL, not {url!r}"
-                )
-        else:
-            # The store shares the broker's Redis: where kombu connects, as whom, with its TLS options.
-            url, broker_options = _broker_store(conf)
-        options = conf.get("redisdelay_connection_options")
-        if options is None:
-            options = {}
-        if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
-            raise ConfigurationError(
-                f"redisdelay_connection_options must be a dict of redis-py client options, not {options!r}"
-            )
+        url, broker_options = _store_url(conf)
+        options = _connection_options(conf)
         wait_replicas = conf.get("redisdelay_wait_replicas") or 0
         if isinstance(wait_replicas, bool) or not isinstance(wait_replicas, int) or wait_replicas < 0:
             raise ConfigurationError(f"redisdelay_wait_replicas must be an integer >= 0, not {wait_replicas!r}")
@@ -226,38 +210,14 @@ class Settings:
             raise ConfigurationError(f"redisdelay_key_prefix must be a string, not {prefix!r}")
         all_tasks = bool(_optional_bool(conf, "redisdelay_all_tasks"))
         park_received = _optional_bool(conf, "redisdelay_park_received")
-        park_received_after = conf.get("redisdelay_park_received_after")
-        if park_received_after is None:
-            park_received_after = DEFAULTS["redisdelay_park_received_after"]
-        if (
-            isinstance(park_received_after, bool)
-            or not isinstance(park_received_after, (int, float))
-            or not 0 <= park_received_after < math.inf
-        ):
-            raise ConfigurationError(
-                f"redisdelay_park_received_after must be a number of seconds >= 0, not {park_received_after!r}"
-            )
-        lease = float(positive_setting(conf, "redisdelay_lease"))
-        lease_renewal = float(positive_setting(conf, "redisdelay_lease_renewal"))
-        if lease <= lease_renewal:
-            raise ConfigurationError(
-                f"redisdelay_lease ({lease:g} s) must be longer than redisdelay_lease_renewal ({lease_renewal:g} s): "
-                "a lease must outlast the wait for its renewal (the defaults are 30 and 10)"
-            )
-        queue_timeout = conf.get("redisdelay_queue_timeout")
-        if queue_timeout is None:
-            # Outlast the broker's own visibility timeout: kombu restores messages a dead worker had
-            # prefetched after that long, and sweeping them earlier would deliver them twice.
-            transport = conf.get("broker_transport_options") or {}
-            queue_timeout = 2 * max(float(transport.get("visibility_timeout", 3600)), 3600.0)
+        park_received_after = _park_received_after(conf)
+        lease, lease_renewal = _lease(conf)
         return cls(
             url=url,
             key_prefix=prefix,
             tick_interval=float(positive_setting(conf, "redisdelay_tick_interval")),
             visibility_timeout=float(positive_setting(conf, "redisdelay_visibility_timeout")),
-            queue_timeout=float(
-                positive_setting({"redisdelay_queue_timeout": queue_timeout}, "redisdelay_queue_timeout")
-            ),
+            queue_timeout=_queue_timeout(conf),
             claim_timeout=float(positive_setting(conf, "redisdelay_claim_timeout")),
             max_deliveries=int(positive_setting(conf, "redisdelay_max_deliveries", integer=True)),
             release_batch=int(positive_setting(conf, "redisdelay_release_batch", integer=True)),
@@ -271,7 +231,7 @@ class Settings:
             wait_timeout=float(positive_setting(conf, "redisdelay_wait_timeout")),
             all_tasks=all_tasks,
             park_received=all_tasks if park_received is None else park_received,
-            park_received_after=float(park_received_after),
+            park_received_after=park_received_after,
             lease=lease,
             lease_renewal=lease_renewal,
             skip_unacked=_optional_bool(conf, "redisdelay_skip_unacked"),
@@ -279,6 +239,62 @@ class Settings:
             worker_lost=worker_lost_choice(conf.get("redisdelay_worker_lost"), "redisdelay_worker_lost"),
             probe_file=_probe_file(conf.get("redisdelay_probe_file")),
         )
+
+
+def _store_url(conf: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The store's URL, and the connection options it takes from the broker's settings (when it is the broker's)."""
+    url = conf.get("redisdelay_url")
+    if not url:
+        # The store shares the broker's Redis: where kombu connects, as whom, with its TLS options.
+        return _broker_store(conf)
+    if not isinstance(url, str) or not url.startswith(STORE_SCHEMES):
+        raise ConfigurationError(
+            "redisdelay_url must be a redis://, rediss://, unix://, redis+cluster:// or redis+sentinel:// "
+            f"URL, not {url!r}"
+        )
+    return url, {}
+
+
+def _connection_options(conf: Mapping[str, Any]) -> Mapping[str, Any]:
+    options = conf.get("redisdelay_connection_options")
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping) or not all(isinstance(key, str) for key in options):
+        raise ConfigurationError(
+            f"redisdelay_connection_options must be a dict of redis-py client options, not {options!r}"
+        )
+    return options
+
+
+def _park_received_after(conf: Mapping[str, Any]) -> float:
+    after = conf.get("redisdelay_park_received_after")
+    if after is None:
+        after = DEFAULTS["redisdelay_park_received_after"]
+    if isinstance(after, bool) or not isinstance(after, (int, float)) or not 0 <= after < math.inf:
+        raise ConfigurationError(f"redisdelay_park_received_after must be a number of seconds >= 0, not {after!r}")
+    return float(after)
+
+
+def _lease(conf: Mapping[str, Any]) -> tuple[float, float]:
+    """The lease and its renewal period, the lease the longer."""
+    lease = float(positive_setting(conf, "redisdelay_lease"))
+    lease_renewal = float(positive_setting(conf, "redisdelay_lease_renewal"))
+    if lease <= lease_renewal:
+        raise ConfigurationError(
+            f"redisdelay_lease ({lease:g} s) must be longer than redisdelay_lease_renewal ({lease_renewal:g} s): "
+            "a lease must outlast the wait for its renewal (the defaults are 30 and 10)"
+        )
+    return lease, lease_renewal
+
+
+def _queue_timeout(conf: Mapping[str, Any]) -> float:
+    queue_timeout = conf.get("redisdelay_queue_timeout")
+    if queue_timeout is None:
+        # Outlast the broker's own visibility timeout: kombu restores messages a dead worker had
+        # prefetched after that long, and sweeping them earlier would deliver them twice.
+        transport = conf.get("broker_transport_options") or {}
+        queue_timeout = 2 * max(float(transport.get("visibility_timeout", 3600)), 3600.0)
+    return float(positive_setting({"redisdelay_queue_timeout": queue_timeout}, "redisdelay_queue_timeout"))
 
 
 #: A run cut short with its worker is run again (at-least-once) ...

@@ -3,6 +3,7 @@ with all that is known of it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -30,7 +31,7 @@ from .output import JSON_OPTION, emit, extension, pairs, say, table
 )
 @JSON_OPTION
 @click.pass_context
-def list_calls(  # noqa: C901, PLR0913 - known: to be split
+def list_calls(  # noqa: PLR0913 - click passes each option of the command
     ctx: click.Context,
     state: str,
     task: str | None,
@@ -62,30 +63,7 @@ def list_calls(  # noqa: C901, PLR0913 - known: to be split
         emit(found.as_dict(), True)
         return
     calls = [admin.entry_dict(entry, found.now_ms) for entry in found.calls]
-    headers = ["ID", "TASK", admin.SCORE_MEANING[state].upper(), "WHEN", "DELIVERIES", "PHASE"]
-    rows = [
-        [
-            call["id"],
-            call["task"] or "?",
-            call["time"],
-            relative(call["seconds_from_now"]),
-            deliveries(call["deliveries"], call["max_deliveries"]),
-            call["phase"] or "?",
-        ]
-        for call in calls
-    ]
-    if state == "inflight":
-        headers.append("WORKER")
-        for row, call in zip(rows, calls, strict=True):
-            row.append(call["worker"] or "-")
-    if state == "dead":
-        headers.append("REASON")
-        for row, call in zip(rows, calls, strict=True):
-            row.append(call["why"] or "")
-    if state == "paused":
-        headers.append("PAUSED BY")
-        for row, call in zip(rows, calls, strict=True):
-            row.append(_target(call["paused_on"]))
+    headers, rows = _rows(state, calls)
     if rows:
         table(headers, rows, right=(4,))
     else:
@@ -102,6 +80,37 @@ def list_calls(  # noqa: C901, PLR0913 - known: to be split
     if state == "delayed" and not cursor and (aside := admin.list_size(depot, "paused")):
         unfiltered = " (of any task or queue)" if admin.Filter(task, queue, search).active else ""
         say(f"{aside:,} calls wait on pauses{unfiltered}, not in this list: see --state paused")
+
+
+#: The column a state's listing adds: its header, and its cell of a call.
+_EXTRA_COLUMNS: dict[str, tuple[str, Callable[[dict[str, Any]], str]]] = {
+    "inflight": ("WORKER", lambda call: call["worker"] or "-"),
+    "dead": ("REASON", lambda call: call["why"] or ""),
+    "paused": ("PAUSED BY", lambda call: _target(call["paused_on"])),
+}
+
+
+def _rows(state: str, calls: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """The table of a page of calls of ``state``: its headers and rows."""
+    headers = ["ID", "TASK", admin.SCORE_MEANING[state].upper(), "WHEN", "DELIVERIES", "PHASE"]
+    rows = [
+        [
+            call["id"],
+            call["task"] or "?",
+            call["time"],
+            relative(call["seconds_from_now"]),
+            deliveries(call["deliveries"], call["max_deliveries"]),
+            call["phase"] or "?",
+        ]
+        for call in calls
+    ]
+    extra = _EXTRA_COLUMNS.get(state)
+    if extra is not None:
+        header, cell = extra
+        headers.append(header)
+        for row, call in zip(rows, calls, strict=True):
+            row.append(cell(call))
+    return headers, rows
 
 
 def _target(paused_on: str | None) -> str:

@@ -33,7 +33,7 @@ CHUNK = 1000
 KEYED = ("unique_key", "debounce_key")
 
 
-def park_many(  # noqa: C901 - known: to be split
+def park_many(
     task: DelayedTask, calls: Iterable[Sequence[Any]], kwargs: Any, options: dict[str, Any]
 ) -> list[AsyncResult]:
     """Park ``task(*args, **kwargs)`` for each ``args`` in ``calls``; see :meth:`DelayedTask.park_many`."""
@@ -42,9 +42,7 @@ def park_many(  # noqa: C901 - known: to be split
         return []
     depot = task.depot
     app = task._get_app()
-    one_by_one = task.lock is not None and depot.shards.count > 1  # each call goes beside its own lock
-    one_by_one = one_by_one or task.task_limits is not None  # each call with its own gate
-    if app.conf.task_always_eager or options.get("compression") or one_by_one or any(k in options for k in KEYED):
+    if one_by_one(task, options):
         return [task.apply_async(args, kwargs, **options) for args in every]
     # Each chunk of calls goes to one shard (one script call), the chunks in turns from a random one.
     stores = depot.shards.stores
@@ -74,34 +72,59 @@ def park_many(  # noqa: C901 - known: to be split
     depot.check_size(envelope.task, len(first))
     meta = meta_json(routed(limits, fast.key) if fast else limits)
     # Every message is built before anything is written: a call that cannot be serialized stores nothing.
+    flat = rendered(task, template, every, kwargs or {}, ids, envelope, first)
+    when = due_args(due.countdown_ms, due.at_ms)
+    for start in range(0, len(flat), 2 * CHUNK):
+        store_of(start // 2).park_many(flat[start : start + 2 * CHUNK], meta, when)
+    ignored = bool(options.get("ignore_result", task.ignore_result))
+    return [_result(app.AsyncResult(call_id, backend=task.backend, task_name=task.name), ignored) for call_id in ids]
+
+
+def one_by_one(task: DelayedTask, options: dict[str, Any]) -> bool:
+    """Whether ``park_many`` parks each call through ``apply_async``: in eager mode, for compressed calls, keyed ones
+    (each depends on what is stored), a locked task's calls over several shards (each goes beside its own lock) and
+    a limited task's (each with its own gate)."""
+    app = task._get_app()
+    locked_apart = task.lock is not None and task.depot.shards.count > 1
+    per_call = locked_apart or task.task_limits is not None or any(k in options for k in KEYED)
+    return bool(app.conf.task_always_eager or options.get("compression") or per_call)
+
+
+def rendered(
+    task: DelayedTask,
+    template: CallTemplate,
+    every: list[tuple[Any, ...]],
+    kwargs: Any,
+    ids: list[str],
+    envelope: Envelope,
+    first: bytes,
+) -> list[Any]:
+    """``[id, stored, id, stored, ...]`` of every call: the first as Celery built it (``first``, from ``envelope``),
+    the others rendered from its ``template``, each checked as ``apply_async`` checks a call first."""
+    depot = task.depot
     check_arguments = task.__header__ if task.typing else None  # Celery's own check of each call's arguments
     fitting = {len(every[0])}  # the first call went through Celery's apply_async, which checked it
-    kwargsrepr, body_rest = template.kwargsrepr(kwargs or {}), template.body_rest(kwargs or {})
+    kwargsrepr, body_rest = template.kwargsrepr(kwargs), template.body_rest(kwargs)
     reply_to, eta = envelope.properties.get("reply_to"), envelope.headers.get(ETA_HEADER)
     flat: list[Any] = [ids[0], first]
     for index, args in enumerate(every[1:], start=1):
         if check_arguments is not None and len(args) not in fitting:
             # Celery's check looks at how many arguments there are and their names, not their values:
             # with the same kwargs, one call of each length tells for all.
-            check_arguments(*args, **(kwargs or {}))
+            check_arguments(*args, **kwargs)
             fitting.add(len(args))
         if task.lock is not None:
-            task.lock_name(args, kwargs or {})  # a lock its arguments cannot name is refused, as by apply_async
+            task.lock_name(args, kwargs)  # a lock its arguments cannot name is refused, as by apply_async
         call_id = ids[index]
         try:
-            stored = template.render(call_id, args, kwargs or {}, reply_to, kwargsrepr, body_rest, eta)
+            stored = template.render(call_id, args, kwargs, reply_to, kwargsrepr, body_rest, eta)
         except PayloadError as exc:
             raise PayloadError(f"call {index} of park_many: {exc}; none of the calls was parked") from exc
         depot.check_size(envelope.task, len(stored))
         flat.extend((call_id, stored))
-    when = due_args(due.countdown_ms, due.at_ms)
-    for start in range(0, len(flat), 2 * CHUNK):
-        store_of(start // 2).park_many(flat[start : start + 2 * CHUNK], meta, when)
-    result_of, backend = app.AsyncResult, task.backend
-    ignored = bool(options.get("ignore_result", task.ignore_result))
-    results = []
-    for call_id in ids:
-        result = result_of(call_id, backend=backend, task_name=task.name)
-        result.ignored = ignored
-        results.append(result)
-    return results
+    return flat
+
+
+def _result(result: AsyncResult, ignored: bool) -> AsyncResult:
+    result.ignored = ignored
+    return result

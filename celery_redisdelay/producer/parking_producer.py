@@ -56,7 +56,7 @@ class ParkingProducer:
             body["eta"] = self._eta
         self._real.publish(body, **kwargs)
 
-    def envelope(  # noqa: PLR0913 - known: these are to become one request object
+    def envelope(  # noqa: PLR0913 - the keyword arguments of kombu's Producer.publish, which Celery calls
         self,
         body: Any,
         *,

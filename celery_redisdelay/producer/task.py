@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Task
 from celery.result import AsyncResult
@@ -16,6 +16,9 @@ from .locks import Lock
 from .parking import CallRequest, park_call, park_sent
 from .rules import CallRules
 from .schedule import lock_ms, seconds
+
+if TYPE_CHECKING:
+    from ..store.calls import CallStore
 
 logger = logging.getLogger(__name__)
 
@@ -101,21 +104,30 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
 
     # -- the lock a call holds while it runs ---------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # noqa: C901 - known: to be split
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.lock is None:
             return super().__call__(*args, **kwargs)
-        shards = self.depot.shards
         name = self.lock_name(args, kwargs)
-        ttl = lock_ms(self.lock_timeout, "lock_timeout")
         request = self.request
         if request.id is None or request.is_eager or request.called_directly:
             # Outside a worker delivery there is nothing to defer: wait for the lock instead.
-            with Lock(shards.for_name(name), name, timeout=self.lock_timeout):
+            with Lock(self.depot.shards.for_name(name), name, timeout=self.lock_timeout):
                 return super().__call__(*args, **kwargs)
         token = uuid()
-        retry_ms = lock_ms(self.lock_retry, "lock_retry")
+        store = self._take_lock(name, token)
         try:
-            store = shards.for_name(name)
+            return super().__call__(*args, **kwargs)
+        finally:
+            self._release_lock(store, name, token)
+
+    def _take_lock(self, name: str, token: str) -> CallStore:
+        """Take the lock ``name`` for this delivery's run (the store that holds it), or end the run: deferred behind
+        a busy lock, abandoned (the store cannot be reached, or a later delivery runs the call), retried (a call
+        not of our store)."""
+        request = self.request
+        ttl, retry_ms = lock_ms(self.lock_timeout, "lock_timeout"), lock_ms(self.lock_retry, "lock_retry")
+        try:
+            store = self.depot.shards.for_name(name)
             status, _ = store.lock_take(name, token, ttl, request.id, retry_ms, request_delivery(request) or 0)
         except StoreUnavailableError as exc:
             raise Abandon(f"cannot take lock {name}: {exc}") from exc  # the sweep delivers it again
@@ -134,21 +146,21 @@ class DelayedTask(CallRules, Task):  # type: ignore[misc]  # Celery's Task is un
                 request.id,
                 name,
             )
+        return store
+
+    def _release_lock(self, store: CallStore, name: str, token: str) -> None:
         try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            try:
-                released = store.lock_release(name, token)
-            except StoreUnavailableError as exc:
-                logger.warning("redisdelay: could not release lock %s (it expires by itself): %s", name, exc)
-            else:
-                if not released:
-                    logger.warning(
-                        "redisdelay: lock %s expired while %s[%s] ran; raise lock_timeout above the task's run time",
-                        name,
-                        self.name,
-                        request.id,
-                    )
+            released = store.lock_release(name, token)
+        except StoreUnavailableError as exc:
+            logger.warning("redisdelay: could not release lock %s (it expires by itself): %s", name, exc)
+            return
+        if not released:
+            logger.warning(
+                "redisdelay: lock %s expired while %s[%s] ran; raise lock_timeout above the task's run time",
+                name,
+                self.name,
+                self.request.id,
+            )
 
     def touch(self, timeout: float | None = None) -> bool:
         """Extend the running call's deadline to ``timeout`` seconds from now (a heartbeat).
