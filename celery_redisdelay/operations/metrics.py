@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store.calls import redis_errors, text
+from ..store.calls import redis_errors
+from ..store.census import totals
 from ..store.depot import Depot, HoldsDepot, depot_of
 from ..store.layout import LATENESS_BOUNDS_MS
 from .admin import worker_leases
@@ -69,14 +70,10 @@ def snapshot(depot: Depot) -> Snapshot:
     stores = depot.shards.all()
     with redis_errors("read the counters"):
         for store in stores:
-            pipe = store.client.pipeline(transaction=False)
-            pipe.hgetall(store.keys.counters)
-            pipe.hget(store.keys.history, "released_at")
-            counters, released_at = pipe.execute()
-            for key, value in counters.items():
-                name = text(key)
-                summed[name] = summed.get(name, 0) + int(value)
-            releases.append(None if released_at is None else int(released_at))
+            counters, released_at = totals(store.registries)
+            for name, value in counters.items():
+                summed[name] = summed.get(name, 0) + value
+            releases.append(released_at)
     states = depot.stats()
     cumulative, buckets = 0, []
     for bound in LATENESS_BOUNDS_MS:

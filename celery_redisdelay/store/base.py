@@ -74,6 +74,11 @@ class StoreBase:
         self.wait_ms = wait_ms
         self._scripts = Scripts(client, [key.encode() for key in keys.store_keys])
 
+    @property
+    def tag(self) -> str:
+        """The store's hash tag: its name among the shards (``{tag}`` begins each of its keys)."""
+        return self.keys.tag
+
     def _run(
         self,
         name: str,
