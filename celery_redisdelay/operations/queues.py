@@ -40,18 +40,15 @@ The queues known are those tasks route to (``task_queues``, ``task_default_queue
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import redis
-
-from .. import broker_redis
 from ..message.marks import ETA_HEADER, RELEASED_HEADER, delivered_from_store
+from ..store.broker_lists import broker_lists
 from ..store.calls import CallStore, redis_errors, text
 from ..store.census import in_flight_with_meta, samples
 from ..store.layout import LATENESS_BOUNDS_MS
@@ -183,39 +180,19 @@ def paused_queues(depot: Depot) -> set[str]:
 # -- the broker's lists ---------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def broker_client(depot: Depot) -> Iterator[redis.Redis | None]:
-    """A client for the broker's queue lists (unprefixed: the list names are whole), None when the broker is not
-    a Redis."""
-    if depot.fast_release:
-        yield depot.client
-        return
-    with depot.app.connection_for_write() as connection:
-        if not broker_redis.is_redis_transport(connection):
-            yield None
-            return
-        with redis_errors("reach the broker"):
-            yield redis.Redis(connection_pool=connection.default_channel.client.connection_pool)
-
-
 def broker_ready(depot: Depot, names: Sequence[str], now_ms: int) -> dict[str, tuple[int, float | None]] | None:
     """Per queue: the messages in its lists, and the age (s) of the oldest (see the module's docstring); None
     when the broker is not a Redis."""
     keys = [(name, key) for name in names for key in queue_lists(depot, name)]
-    with broker_client(depot) as client:
-        if client is None:
+    with broker_lists(depot) as lists:
+        if not lists.redis:
             return None
         with redis_errors("read the broker's queue lists"):
-            pipe = client.pipeline(transaction=False)
-            for _, key in keys:
-                pipe.llen(key)
-            lengths = pipe.execute(raise_on_error=False)
+            lengths = lists.lengths([key for _, key in keys])
             # The oldest message of the lists that hold any (most priority lists are empty): a second round trip
             # rather than an LRANGE for every list.
             held = [(name, key, size) for (name, key), size in zip(keys, lengths, strict=True) if _positive(size)]
-            for _, key, _ in held:
-                pipe.lrange(key, -1, -1)
-            oldest = pipe.execute(raise_on_error=False)
+            oldest = lists.oldest([key for _, key, _ in held])
     sizes: dict[str, int] = dict.fromkeys(names, 0)
     tails: list[tuple[str, Any]] = []
     for (name, _, size), tail in zip(held, oldest, strict=True):

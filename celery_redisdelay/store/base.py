@@ -21,6 +21,9 @@ from .scripts import Scripts
 
 #: The most ids one bulk script call takes (scripts block Redis while they run).
 LARGEST_STEP = 1000
+#: What a command to Redis raises (redis-py's base error), for the layers above that tell Redis failing from their
+#: own errors without reaching for redis-py: they reach Redis only through the store.
+RedisError = redis.RedisError
 
 
 @contextmanager
