@@ -118,11 +118,7 @@ class DeadSet(SortedSet):
 class LexSet(SortedSet):
     """A lex-ordered set (every score 0) whose members begin with a name and a separator: the calls waiting in their
     gates (``gated``: gate NUL due NUL id), on a pause (``paused``: target NUL due NUL id), the slot holders of
-    earlier releases (``slots``: limit instance NUL id)."""
-
-    def count_lex(self, low: bytes, high: bytes) -> int:
-        """How many members sort between ``low`` and ``high`` (ZLEXCOUNT's bounds: ``[a``, ``(b``)."""
-        return int(self.client.zlexcount(self.key, low, high))
+    earlier releases (``slots``: limit instance NUL id). Counted by name with ZLEXCOUNT (:mod:`.census`)."""
 
 
 class Gates(SortedSet):
