@@ -246,6 +246,23 @@ class Held(Registry):
         return f"\0{name}"
 
 
+class Pauses(Registry):
+    """The pauses (``{tag}:pauses``): ``task:<name>`` or ``queue:<name>`` -> the pause's record (JSON, written by
+    pause.lua; :func:`.pauses.decode_pause` reads one). The calls waiting on them are in the paused set."""
+
+    def records_and_clock(self) -> tuple[int, dict[Any, Any]]:
+        """This server's time (ms) and the hash as it is, in one round trip (two on a cluster, whose pipeline refuses
+        TIME: it goes to the key's node)."""
+        if is_cluster(self.client):
+            found: Any = self.client.hgetall(self.key)
+            return self.server_ms(), found
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.key)
+        pipe.time()
+        records, (seconds, micros) = pipe.execute()
+        return int(seconds) * 1000 + int(micros) // 1000, records
+
+
 @dataclass(frozen=True)
 class LockState:
     """A lock as it stands: ms until it expires (-1 held without expiry, -2 free), the calls deferred behind it, and
@@ -298,6 +315,7 @@ class Registries:
         self.dead = DeadSet(client, keys.dead)
         self.gated = LexSet(client, keys.gated)
         self.paused = LexSet(client, keys.paused)
+        self.pauses = Pauses(client, keys.pauses)
         self.slots = LexSet(client, keys.slots)
         self.gates = Gates(client, keys.gates)
         self.batches = SortedSet(client, keys.batches)
