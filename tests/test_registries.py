@@ -9,6 +9,7 @@ import pytest
 import redis
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.store.calls import LISTS
 from celery_redisdelay.store.census import census, history_window, limit_holdings, samples, totals
 from celery_redisdelay.store.limits import Limit
 from celery_redisdelay.store.meta import NAMED_FIELDS, named
@@ -100,3 +101,9 @@ def test_the_metadata_gets_its_names_in_one_place() -> None:
         "why": "because",
     }
     assert named({})["deliveries"] == 0 and named({})["deferrals"] == 0
+
+
+def test_the_census_sizes_each_list_an_operator_reads(rd: RedisDelay) -> None:
+    rd.store.park("one", ENVELOPE, {}, countdown_ms=LONG_MS)
+    assert list(census(rd.store.registries).lists()) == list(LISTS)
+    assert census(rd.store.registries).lists()["delayed"] == 1

@@ -26,14 +26,7 @@ def state_counts(depot: Depot) -> dict[str, int]:
     counts = dict.fromkeys(LISTS, 0)
     for store in depot.shards.all():
         with redis_errors("count calls"):
-            counted = census(store.registries)
-        shard = {
-            "delayed": counted.delayed,
-            "limited": counted.limited,
-            "paused": counted.paused,
-            "inflight": counted.inflight,
-            "dead": counted.dead,
-        }
+            shard = census(store.registries).lists()
         for state in counts:
             counts[state] += shard[state]
     return counts

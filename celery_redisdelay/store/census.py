@@ -42,6 +42,17 @@ class Census:
         waiting on their limits or set aside on a pause."""
         return self.delayed + self.limited + self.paused
 
+    def lists(self) -> dict[str, int]:
+        """The size of each list of calls an operator reads (``store.reading.LISTS``), as its set holds it: the
+        delay set alone for ``delayed``."""
+        return {
+            "delayed": self.delayed,
+            "limited": self.limited,
+            "paused": self.paused,
+            "inflight": self.inflight,
+            "dead": self.dead,
+        }
+
     @property
     def due(self) -> int:
         """The calls due and not released: of the delay set, and those waiting on their limits (a call set aside on
