@@ -10,13 +10,13 @@ Times are the Redis server's clock, in ms since the epoch, as the scores are.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RedisDelayError
-from ..store.calls import LARGEST_STEP, CallStore, redis_errors, text
-from ..store.meta import decode_meta
+from ..store.calls import LARGEST_STEP, CallStore, redis_errors
+from ..store.census import census
+from ..store.meta import named
 from .checks import releasing
 from .limits import limit_states
 from .listing import (
@@ -104,42 +104,20 @@ def status(depot: Depot) -> dict[str, Any]:
     memory: int | None = 0
     firsts: dict[str, list[tuple[float, float, str, CallStore]]] = {"delayed": [], "inflight": []}
     for store in stores:
-        keys = store.keys
         now = server_ms(depot, store)
         with redis_errors("read the store's counts"):
-            pipe = store.client.pipeline(transaction=False)
-            pipe.zcard(keys.delayed)
-            pipe.zcount(keys.delayed, "-inf", now)
-            pipe.zcard(keys.inflight)
-            pipe.zcount(keys.inflight, "-inf", now)
-            pipe.zcard(keys.dead)
-            pipe.zcard(keys.batches)
-            pipe.zcard(keys.gated)
-            pipe.zcard(keys.paused)
-            pipe.hmget(keys.counters, ["batch_items", "lock_lines"])
-            pipe.zrange(keys.delayed, 0, 0, withscores=True)
-            pipe.zrange(keys.inflight, 0, 0, withscores=True)
-            for key in keys.store_keys:
-                pipe.memory_usage(key)
-            replies = pipe.execute(raise_on_error=False)
-            counted = replies[:11]
-            for reply in counted:
-                if isinstance(reply, Exception):
-                    raise reply
-        *counts, items, first_delayed, first_inflight = counted
-        for name, count in zip(totals, [*counts, *(int(item or 0) for item in items)], strict=True):
-            totals[name] += int(count)
+            counted = census(store.registries, now, detail=True)
         # Calls due and waiting on their limits are parked still, and due; calls set aside on a pause are parked still.
-        totals["delayed"] += int(counts[6]) + int(counts[7])
-        totals["due"] += int(counts[6])
-        for state, first in (("delayed", first_delayed), ("inflight", first_inflight)):
-            if first and first[0][1] <= now:
-                firsts[state].append(((now - first[0][1]) / 1000, first[0][1], text(first[0][0]), store))
-        usage = [0 if size is None else size for size in replies[11:]]  # None: the key does not exist
-        if memory is None or not all(isinstance(size, int) for size in usage):
-            memory = None
-        else:
-            memory += sum(usage)
+        shard = (
+            *(counted.parked, counted.due, counted.inflight, counted.expired, counted.dead, counted.batch_groups),
+            *(counted.limited, counted.paused, counted.batch_items, counted.lock_lines),
+        )
+        for name, count in zip(totals, shard, strict=True):
+            totals[name] += count
+        for state, first in (("delayed", counted.first_delayed), ("inflight", counted.first_inflight)):
+            if first and first[1] <= now:
+                firsts[state].append(((now - first[1]) / 1000, first[1], first[0], store))
+        memory = None if memory is None or counted.memory is None else memory + counted.memory
     return {
         "shards": depot.shards.count,
         "retired_shards": len(stores) - depot.shards.count,
@@ -162,14 +140,9 @@ def worker_leases(depot: Depot) -> dict[str, dict[str, Any]]:
     now = server_ms(depot)
     for store in depot.shards.all():
         with redis_errors("read the workers' leases"):
-            entries: Any = store.client.hgetall(store.keys.workers)
-        for worker, raw in entries.items():
-            try:
-                seen = json.loads(raw)
-                leases, renewed = int(seen["n"]), int(seen["at"])
-            except (ValueError, TypeError, KeyError):
-                continue  # the next renewal forgets it
-            row = found.setdefault(text(worker), {"leases": 0, "renewed_ms": renewed})
+            entries = store.registries.workers.leases()  # a record that cannot be read is left out
+        for worker, (leases, renewed) in entries.items():
+            row = found.setdefault(worker, {"leases": 0, "renewed_ms": renewed})
             row["leases"] += leases
             row["renewed_ms"] = max(row["renewed_ms"], renewed)
     for row in found.values():
@@ -184,8 +157,7 @@ def _oldest(candidates: list[tuple[float, float, str, CallStore]]) -> dict[str, 
         return None
     late, score, call_id, store = max(candidates, key=lambda candidate: candidate[0])
     with redis_errors(f"read the metadata of call {call_id}"):
-        raw: Any = store.client.hget(store.keys.meta, call_id)
-    meta = decode_meta(raw)
+        meta = store.registries.meta.get(call_id)
     return {
         "id": call_id,
         "task": meta.get("t"),
@@ -218,18 +190,7 @@ def describe(depot: Depot, call_id: str) -> dict[str, Any] | None:
         "score_ms": int(entry.score_ms),
         "time": iso(entry.score_ms),
         "seconds_from_now": (entry.score_ms - now) / 1000,
-        "task": meta.get("t"),
-        "phase": meta.get("s"),
-        "deliveries": meta.get("d", 0),
-        "max_deliveries": meta.get("m"),
-        "run_timeout_ms": meta.get("r"),
-        "queue_timeout_ms": meta.get("q"),
-        "deferrals": meta.get("w", 0),
-        "worker": meta.get("h"),
-        "run_ends_ms": meta.get("x"),
-        "key": meta.get("k"),
-        "broker_list": meta.get("l"),
-        "why": meta.get("why"),
+        **named(meta),
         "paused_on": paused_on(meta) if meta.get("s") == "paused" else None,
         "meta": meta,
         "queue": queue_of(depot, meta, entry.envelope),
@@ -251,17 +212,13 @@ def lock_of(depot: Depot, call_id: str, task_name: Any, payload: dict[str, Any])
         return {"name": None, "note": str(exc)}
     store = depot.shards.for_name(name)
     with redis_errors(f"read lock {name}"):
-        pipe = store.client.pipeline(transaction=False)
-        pipe.pttl(store.keys.lock(name))
-        pipe.zcard(store.keys.lock_waiters(name))
-        pipe.zscore(store.keys.lock_waiters(name), call_id)
-        expires_ms, waiters, waiting_since = pipe.execute()
+        lock = store.registries.locks.state(name, call_id)
     return {
         "name": name,
-        "held": int(expires_ms) != -2,  # -2: no such key; -1: held without expiry
-        "expires_in_ms": int(expires_ms) if int(expires_ms) >= 0 else None,
-        "waiters": int(waiters),
-        "waiting": waiting_since is not None,
+        "held": lock.expires_ms != -2,  # -2: no such key; -1: held without expiry
+        "expires_in_ms": lock.expires_ms if lock.expires_ms >= 0 else None,
+        "waiters": lock.waiters,
+        "waiting": lock.waiting_since is not None,
         "note": None,
     }
 
@@ -317,7 +274,7 @@ def dead_count(depot: Depot, before_ms: int | None = None) -> int:
     total = 0
     for store in depot.shards.all():
         with redis_errors("count dead-lettered calls"):
-            total += int(store.client.zcount(store.keys.dead, "-inf", "+inf" if before_ms is None else before_ms))
+            total += store.registries.dead.count_until(before_ms)
     return total
 
 

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from ..broker_redis import is_redis_transport
 from ..producer.task import DelayedTask
-from ..store.calls import text
-from ..store.connection import is_cluster
 
 if TYPE_CHECKING:
     from ..store.depot import Depot
@@ -22,13 +18,9 @@ if TYPE_CHECKING:
 def server_problems(depot: Depot) -> list[str]:
     """Problems of the store's Redis that can lose parked calls; logged loudly when workers and beat start."""
     problems = [] if depot.settings.workers_release else list(filter(None, [releasing(depot)["problem"]]))
-    try:
-        found: Any = depot.client.config_get("maxmemory-policy")
-    except redis.RedisError:
+    policy = depot.eviction_policy()
+    if policy is None:
         return []  # CONFIG may be disabled (managed Redis): nothing to say
-    if is_cluster(depot.client) and found and all(isinstance(value, dict) for value in found.values()):
-        found = next(iter(found.values()))  # one answer per node; they are configured alike
-    policy = text(dict(found).get(b"maxmemory-policy") or dict(found).get("maxmemory-policy") or "noeviction")
     if policy.startswith("allkeys-"):
         problems.append(
             f"Redis at {depot.settings.url} has maxmemory-policy {policy}: when it fills up it evicts keys, "

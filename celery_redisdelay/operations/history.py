@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..store.calls import redis_errors
+from ..store.census import history_window
 from ..store.depot import Depot
 from ..store.layout import HISTORY_MINUTES, LATENESS_BOUNDS_MS
 from .metrics import oldest_release
@@ -110,8 +111,7 @@ def read_history(depot: Depot, minutes: int = 60) -> History:
         raise ValueError(f"minutes must be 1 to {KEPT_MINUTES} (the store keeps a day), not {minutes!r}")
     stores = depot.shards.all()
     with redis_errors("read the history"):
-        seconds, micros = stores[0].client.time()
-        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        now_ms = stores[0].registries.time_ms()
         current = now_ms // 60_000
         window = range(current - minutes + 1, current + 1)
         names = [*EVENTS, *LATENESS_FIELDS]
@@ -119,15 +119,11 @@ def read_history(depot: Depot, minutes: int = 60) -> History:
         summed = [0] * len(fields)
         releases: list[int | None] = []
         for store in stores:
-            pipe = store.client.pipeline(transaction=False)
-            for start in range(0, len(fields), FIELDS_PER_READ):
-                pipe.hmget(store.keys.history, fields[start : start + FIELDS_PER_READ])
-            pipe.hget(store.keys.history, "released_at")
-            *slices, released_at = pipe.execute()
-            for index, value in enumerate(value for part in slices for value in part):
+            values, released_at = history_window(store.registries, fields, FIELDS_PER_READ)
+            for index, value in enumerate(values):
                 if value is not None:
-                    summed[index] += int(value)
-            releases.append(int(released_at) if released_at is not None else None)
+                    summed[index] += value
+            releases.append(released_at)
     width = len(names)
     rows = [summed[start : start + width] for start in range(0, len(summed), width)]
     return History(

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..store.calls import CallStore, redis_errors, server_ms, text
+from ..store.calls import CallStore, redis_errors, text
+from ..store.census import gates_waiting, limit_holdings
 from ..store.depot import Depot
 from ..store.limits import Limit as Limit  # a limit as the command line and the dashboard set it
 from ..store.limits import check_name, limit_names
@@ -60,49 +61,30 @@ def limit_states(depot: Depot) -> dict[str, LimitState]:
     return dict(sorted(states.items()))
 
 
-def _read_store(store: CallStore, states: dict[str, LimitState]) -> None:  # noqa: C901 - known: to be split
-    keys = store.keys
+def _read_store(store: CallStore, states: dict[str, LimitState]) -> None:
+    registries = store.registries
     with redis_errors("read the limits"):
-        stored: Any = store.client.hgetall(keys.limits)
-        gates: Any = store.client.zrange(keys.gates, 0, MOST_GATES - 1, withscores=True)
-        pipe = store.client.pipeline(transaction=False)
-        for gate, _ in gates:
-            pipe.zlexcount(keys.gated, b"[" + gate + b"\0", b"(" + gate + b"\1")
-        waiting = pipe.execute() if gates else []
-        now = server_ms(store.client, keys.gates)
-    for field, raw in stored.items():
-        kind, _, name = text(field).partition(":")
-        state = states.setdefault(name, LimitState(name, None, None))
-        try:
-            limit = Limit.from_json(raw)
-        except (ValueError, TypeError, KeyError, AttributeError):
-            continue  # damaged: shown as neither (the scripts read it as no limit)
-        if kind == "code":
-            state.declared = limit
-        elif kind == "set":
-            state.set = limit
-    for (gate, score), count in zip(gates, waiting, strict=True):
+        records = registries.limits.records()
+        gates = gates_waiting(registries, MOST_GATES)
+        now = registries.gates.server_ms()
+    for record in records:
+        state = states.setdefault(record.name, LimitState(record.name, None, None))
+        if record.kind == "code" and record.limit is not None:  # damaged: shown as neither (read as no limit)
+            state.declared = record.limit
+        elif record.kind == "set" and record.limit is not None:
+            state.set = record.limit
+    for gate, score, count in gates:
         for name, _ in limit_names(text(gate)):
             state = states.setdefault(name, LimitState(name, None, None))
-            state.waiting += int(count)
+            state.waiting += count
             state.gates += 1
-            at = max(float(score), now)
+            at = max(score, now)
             state.next_ms = at if state.next_ms is None else min(state.next_ms, at)
     with redis_errors("count the calls in flight under limits"):
-        pipe = store.client.pipeline(transaction=False)
-        for name in states:
-            pipe.hget(keys.held, f"\0{name}")
-        for name in states:  # slot holders as earlier releases kept them, until the sweep has moved them all
-            prefix = f"{name}\t".encode()
-            pipe.zlexcount(keys.slots, b"[" + prefix, b"[" + prefix + b"\xff")
-        for name in states:
-            pipe.hget(keys.counters, f"limit_released:{name}")
-        replies = pipe.execute()
-        count = len(states)
-        for index, name in enumerate(states):
-            held, old, released = replies[index], replies[count + index], replies[2 * count + index]
-            states[name].in_flight += int(held or 0) + int(old)
-            states[name].released += int(released or 0)
+        holdings = limit_holdings(registries, list(states))
+    for state, (in_flight, released) in zip(states.values(), holdings, strict=True):
+        state.in_flight += in_flight
+        state.released += released
 
 
 def set_limit(depot: Depot, name: str, limit: Limit | None) -> None:
@@ -113,7 +95,4 @@ def set_limit(depot: Depot, name: str, limit: Limit | None) -> None:
         raise ValueError(f"a limit's name is task:<task name> or quota:<quota name>, not {name!r}")
     for store in depot.shards.all():
         with redis_errors(f"set limit {name}"):
-            if limit is None:
-                store.client.hdel(store.keys.limits, f"set:{name}")
-            else:
-                store.client.hset(store.keys.limits, f"set:{name}", limit.to_json())
+            store.registries.limits.set(name, limit)

@@ -20,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RedisDelayError
 from ..store.calls import LISTS as LISTS  # the lists of calls, for the command line and the dashboard
 from ..store.calls import CallStore, Entry, pause_note, redis_errors
-from ..store.calls import server_ms as clock_of
-from ..store.meta import CallMeta
+from ..store.meta import CallMeta, named
 from .payloads import arguments_text, queue_of
 
 if TYPE_CHECKING:
@@ -41,7 +40,7 @@ def server_ms(depot: Depot, store: CallStore | None = None) -> int:
     clock the shard's scores were set by."""
     store = store or depot.store
     with redis_errors("read the Redis clock"):
-        return clock_of(store.client, store.keys.delayed)
+        return store.registries.delayed.server_ms()
 
 
 def iso(ms: float) -> str:
@@ -49,21 +48,19 @@ def iso(ms: float) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def state_key(store: CallStore, state: str) -> str:
-    """The key of a list of calls (:data:`~celery_redisdelay.store.calls.LISTS`); the calls held by their limits
-    wait in the gated set, those set aside on a pause in the paused set."""
+def check_state(state: str) -> None:
+    """Refuse a state that names no list of calls (:data:`~celery_redisdelay.store.calls.LISTS`)."""
     if state not in LISTS:
         raise RedisDelayError(f"unknown state {state!r}; expected one of {', '.join(LISTS)}")
-    key: str = store.keys.gated if state == "limited" else getattr(store.keys, state)
-    return key
 
 
 def list_size(depot: Depot, state: str) -> int:
     """How many calls one list (:data:`~celery_redisdelay.store.calls.LISTS`) holds over all shards: a ZCARD each."""
+    check_state(state)
     total = 0
     for store in depot.shards.all():
         with redis_errors(f"count {state} calls"):
-            total += int(store.client.zcard(state_key(store, state)))
+            total += store.registries.list_of(state).size()
     return total
 
 
@@ -210,7 +207,7 @@ class Scanner:
 
     def _read(self, shard: int) -> tuple[list[Entry], int]:
         """Up to ``chunk`` entries of one shard from its offset on, with the queue each goes to, and the set's size."""
-        state_key(self.stores[shard], self.state)  # a clear error for a state that is not one
+        check_state(self.state)  # a clear error for a state that is not one
         entries, size = self.stores[shard].read(
             self.state, self.offsets[shard], self.chunk, newest_first=self.newest_first, payloads=self.payloads
         )
@@ -248,19 +245,20 @@ class Page:
 def entry_dict(entry: Entry, now_ms: int) -> dict[str, Any]:
     """One listed call as plain data: its score as ms, ISO time and seconds from now (negative: past)."""
     meta = entry.meta
+    fields = named(meta)
     return {
         "id": entry.id,
         "state": entry.state,
-        "task": meta.get("t"),
+        "task": fields["task"],
         "queue": entry.queue,
         "score_ms": int(entry.score_ms),
         "time": iso(entry.score_ms),
         "seconds_from_now": (entry.score_ms - now_ms) / 1000,
-        "deliveries": meta.get("d", 0),
-        "max_deliveries": meta.get("m"),
-        "phase": meta.get("s"),
-        "worker": meta.get("h"),
-        "why": meta.get("why"),
+        "deliveries": fields["deliveries"],
+        "max_deliveries": fields["max_deliveries"],
+        "phase": fields["phase"],
+        "worker": fields["worker"],
+        "why": fields["why"],
         "limits": limits_of(meta),
         "paused_on": paused_on(meta),
     }
@@ -285,7 +283,7 @@ def scanner_for(
 ) -> Scanner:
     """A scanner of ``state`` over every shard from ``cursor`` on, reading what ``found`` needs."""
     stores = depot.shards.all()
-    state_key(stores[0], state)
+    check_state(state)
     offsets = parse_cursor(cursor, len(stores))
     payloads = "all" if found.search else "unrouted"
     return Scanner(depot, stores, state, offsets, newest_first=newest_first, chunk=chunk, payloads=payloads)

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store.calls import redis_errors, text
+from ..store.calls import redis_errors
+from ..store.census import totals
 from ..store.depot import Depot, HoldsDepot, depot_of
 from ..store.layout import LATENESS_BOUNDS_MS
 from .admin import worker_leases
@@ -69,14 +70,10 @@ def snapshot(depot: Depot) -> Snapshot:
     stores = depot.shards.all()
     with redis_errors("read the counters"):
         for store in stores:
-            pipe = store.client.pipeline(transaction=False)
-            pipe.hgetall(store.keys.counters)
-            pipe.hget(store.keys.history, "released_at")
-            counters, released_at = pipe.execute()
-            for key, value in counters.items():
-                name = text(key)
-                summed[name] = summed.get(name, 0) + int(value)
-            releases.append(None if released_at is None else int(released_at))
+            counters, released_at = totals(store.registries)
+            for name, value in counters.items():
+                summed[name] = summed.get(name, 0) + value
+            releases.append(released_at)
     states = depot.stats()
     cumulative, buckets = 0, []
     for bound in LATENESS_BOUNDS_MS:
@@ -102,7 +99,7 @@ def limit_metrics(ns: str, shot: Snapshot) -> Iterator[Any]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     waiting = GaugeMetricFamily(f"{ns}_limit_waiting", "Due calls waiting on a limit.", labels=["limit"])
-    keys = GaugeMetricFamily(f"{ns}_limit_keys_waiting", "Keys with calls waiting on a limit.", labels=["limit"])
+    gates = GaugeMetricFamily(f"{ns}_limit_keys_waiting", "Keys with calls waiting on a limit.", labels=["limit"])
     in_flight = GaugeMetricFamily(f"{ns}_limit_in_flight", "Calls in flight under a limit.", labels=["limit"])
     upcoming = GaugeMetricFamily(
         f"{ns}_limit_next_seconds", "Seconds until a limit's next waiting call may go.", labels=["limit"]
@@ -110,12 +107,12 @@ def limit_metrics(ns: str, shot: Snapshot) -> Iterator[Any]:
     released = CounterMetricFamily(f"{ns}_limit_released", "Calls a limit let go.", labels=["limit"])
     for name, state in shot.limits.items():
         waiting.add_metric([name], state.waiting)
-        keys.add_metric([name], state.gates)
+        gates.add_metric([name], state.gates)
         in_flight.add_metric([name], state.in_flight)
         if state.next_ms is not None:
             upcoming.add_metric([name], max(state.next_ms / 1000 - shot.now, 0.0))
         released.add_metric([name], state.released)
-    yield from (waiting, keys, in_flight, upcoming, released)
+    yield from (waiting, gates, in_flight, upcoming, released)
 
 
 def pause_metrics(ns: str, shot: Snapshot) -> Iterator[Any]:

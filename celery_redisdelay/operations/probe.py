@@ -83,8 +83,9 @@ def probe_worker(source: Depot | HoldsDepot, worker: str, max_stall: float | Non
         known = ", ".join(names) if names else "none"
         if names and not complete:
             known += ", ..."
+        where = store.registries.heartbeat_key(worker)
         why = (
-            f"no heartbeat of a worker named {worker} in the store ({store.keys.probe(worker)}): no worker of this "
+            f"no heartbeat of a worker named {worker} in the store ({where}): no worker of this "
             f"app has run under that name in the last {RECORD_TTL_SECONDS // 60} minutes, or -n differs from the "
             f"worker's own; workers with one: {known}"
         )

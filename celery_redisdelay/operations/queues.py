@@ -40,22 +40,21 @@ The queues known are those tasks route to (``task_queues``, ``task_default_queue
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import redis
-
-from .. import broker_redis
 from ..message.marks import ETA_HEADER, RELEASED_HEADER, delivered_from_store
+from ..store.broker_lists import broker_lists
 from ..store.calls import CallStore, redis_errors, text
+from ..store.census import in_flight_with_meta, samples
 from ..store.layout import LATENESS_BOUNDS_MS
 from ..store.meta import CallMeta, decode_meta
 from ..store.pauses import active_pauses
+from ..store.registries import SLICES as SLICES  # runs a larger set's sample is read in, spread evenly over it
 from .listing import server_ms
 from .pausing import queue_lists
 from .payloads import queue_of, queue_of_list
@@ -67,8 +66,6 @@ if TYPE_CHECKING:
 
 #: Entries of each set (in flight, paused, held by limits) read per shard for the split by queue, at most.
 MOST_READ = 1000
-#: Runs a larger set's sample is read in, spread evenly over it.
-SLICES = 20
 #: The window of the release lag's quantiles (minutes of the store's history).
 LAG_MINUTES = 15
 #: The list a call stored as a broker message goes to, in its metadata's text (a name without escapes).
@@ -183,39 +180,19 @@ def paused_queues(depot: Depot) -> set[str]:
 # -- the broker's lists ---------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def broker_client(depot: Depot) -> Iterator[redis.Redis | None]:
-    """A client for the broker's queue lists (unprefixed: the list names are whole), None when the broker is not
-    a Redis."""
-    if depot.fast_release:
-        yield depot.client
-        return
-    with depot.app.connection_for_write() as connection:
-        if not broker_redis.is_redis_transport(connection):
-            yield None
-            return
-        with redis_errors("reach the broker"):
-            yield redis.Redis(connection_pool=connection.default_channel.client.connection_pool)
-
-
 def broker_ready(depot: Depot, names: Sequence[str], now_ms: int) -> dict[str, tuple[int, float | None]] | None:
     """Per queue: the messages in its lists, and the age (s) of the oldest (see the module's docstring); None
     when the broker is not a Redis."""
     keys = [(name, key) for name in names for key in queue_lists(depot, name)]
-    with broker_client(depot) as client:
-        if client is None:
+    with broker_lists(depot) as lists:
+        if not lists.redis:
             return None
         with redis_errors("read the broker's queue lists"):
-            pipe = client.pipeline(transaction=False)
-            for _, key in keys:
-                pipe.llen(key)
-            lengths = pipe.execute(raise_on_error=False)
+            lengths = lists.lengths([key for _, key in keys])
             # The oldest message of the lists that hold any (most priority lists are empty): a second round trip
             # rather than an LRANGE for every list.
             held = [(name, key, size) for (name, key), size in zip(keys, lengths, strict=True) if _positive(size)]
-            for _, key, _ in held:
-                pipe.lrange(key, -1, -1)
-            oldest = pipe.execute(raise_on_error=False)
+            oldest = lists.oldest([key for _, key, _ in held])
     sizes: dict[str, int] = dict.fromkeys(names, 0)
     tails: list[tuple[str, Any]] = []
     for (name, _, size), tail in zip(held, oldest, strict=True):
@@ -301,11 +278,8 @@ def _in_flight_release(depot: Depot, call_ids: Sequence[str]) -> dict[str, int]:
     found = {}
     for store, ids in by_store.values():
         with redis_errors("read the in-flight calls ready in the queues"):
-            pipe = store.client.pipeline(transaction=False)
-            pipe.zmscore(store.keys.inflight, ids)
-            pipe.hmget(store.keys.meta, ids)
-            deadlines, metas = pipe.execute()
-        for call_id, deadline, raw in zip(ids, deadlines, metas, strict=True):
+            read = in_flight_with_meta(store.registries, ids)
+        for call_id, (deadline, raw) in zip(ids, read, strict=True):
             meta = decode_meta(raw, "inflight")
             if deadline is not None and meta.get("s") == "queued":
                 timeout = meta.get("q")
@@ -320,18 +294,11 @@ def store_split(depot: Depot, most_read: int = MOST_READ) -> _Split:
     """The calls in flight, paused and held by limits, per queue (see the module's docstring)."""
     split = _Split()
     for store in depot.shards.all():
-        keys = {"inflight": store.keys.inflight, "paused": store.keys.paused, "gated": store.keys.gated}
+        registries = store.registries
+        sets = {"inflight": registries.inflight, "paused": registries.paused, "gated": registries.gated}
         with redis_errors("read the calls of each queue"):
-            pipe = store.client.pipeline(transaction=False)
-            for key in keys.values():
-                pipe.zcard(key)
-            sizes = [int(size) for size in pipe.execute()]
-            for key, size in zip(keys.values(), sizes, strict=True):
-                _sample(pipe, key, size, most_read)
-            read = pipe.execute()
-        members_of = iter(read)
-        for kind, size in zip(keys, sizes, strict=True):
-            members = [member for _ in range(_runs(size, most_read)) for member in next(members_of)]
+            read = samples(list(sets.values()), most_read)
+        for kind, (size, members) in zip(sets, read, strict=True):
             if not members:
                 continue
             ids = list(dict.fromkeys(text(member).rsplit("\0", 1)[-1] for member in members))  # lex: the id is last
@@ -343,28 +310,11 @@ def store_split(depot: Depot, most_read: int = MOST_READ) -> _Split:
     return split
 
 
-def _runs(size: int, most_read: int) -> int:
-    """How many ZRANGEs read a sample of a set of ``size``: one for all of it, else :data:`SLICES`."""
-    return 0 if not size else 1 if size <= most_read else min(SLICES, most_read)
-
-
-def _sample(pipe: Any, key: str, size: int, most_read: int) -> None:
-    """Queue the reads of about ``most_read`` members of a set: all of them, or runs spread evenly over it."""
-    runs = _runs(size, most_read)
-    if runs == 1:
-        pipe.zrange(key, 0, -1)
-        return
-    run = max(1, most_read // max(runs, 1))
-    for index in range(runs):
-        start = index * (size - run) // max(1, runs - 1)
-        pipe.zrange(key, start, start + run - 1)
-
-
 def queues_of(depot: Depot, store: CallStore, ids: list[str]) -> list[str | None]:
     """The queue each call goes to: from the list its metadata names, else (the kombu path) from its payload. The
     list is found in the metadata's text, as release.lua finds it; only a name JSON escapes is decoded."""
     with redis_errors("read the metadata of calls"):
-        metas: Any = store.client.hmget(store.keys.meta, ids)
+        metas = store.registries.meta.raw(ids)
     found: list[str | None] = [None] * len(ids)
     by_list: dict[bytes, str] = {}
     unrouted: list[tuple[int, CallMeta]] = []
@@ -383,7 +333,7 @@ def queues_of(depot: Depot, store: CallStore, ids: list[str]) -> list[str | None
             unrouted.append((index, meta))
     if unrouted:
         with redis_errors("read the payloads of calls"):
-            payloads: Any = store.client.hmget(store.keys.payloads, [ids[index] for index, _ in unrouted])
+            payloads = store.registries.payloads.raw([ids[index] for index, _ in unrouted])
         for (index, meta), payload in zip(unrouted, payloads, strict=True):
             found[index] = queue_of(depot, meta, payload)
     return found
@@ -402,10 +352,10 @@ def release_lag(depot: Depot, minutes: int = LAG_MINUTES) -> tuple[float | None,
     counts = [0] * len(names)
     for store in stores:
         with redis_errors("read the release lateness"):
-            values: Any = store.client.hmget(store.keys.history, fields)
+            values = store.registries.history.counts(fields)
         for index, value in enumerate(values):
             if value is not None:
-                counts[index % len(names)] += int(value)
+                counts[index % len(names)] += value
     return bucket_quantile(0.5, counts), bucket_quantile(0.99, counts)
 
 

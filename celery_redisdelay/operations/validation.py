@@ -16,10 +16,9 @@ from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import redis
-
 from ..errors import Abandon, RedisDelayError
-from ..store.calls import text
+from ..store.base import RedisError
+from ..store.census import pending
 from ..store.depot import Depot, HoldsDepot, depot_of
 
 CONSUMER_TASK = "redisdelay.validate_consumer"
@@ -75,8 +74,8 @@ def consume_message(depot: Depot, run_id: str, number: int, fail_every: int) -> 
     ``fail_every``-th delivery of the run on purpose (raising :class:`Abandon`, so it is delivered again).
     The consumer's body; other tasks of a chaos run record their messages with it too."""
     try:
-        consumed = depot.store.validate_consume(depot.keys.validation_keys(run_id), number, fail_every)
-    except redis.RedisError as exc:
+        consumed = depot.store.validation_run(run_id).consume(number, fail_every)
+    except RedisError as exc:
         # The record may not have been written: a failure here would be acknowledged (Celery does not
         # retry it) and the message lost to the check. Leave it in flight; the sweep delivers it again.
         raise Abandon(f"validation run {run_id}: could not record message {number}: {exc}") from exc
@@ -113,7 +112,7 @@ def run_validation(
         raise RedisDelayError(f"fail_every must be 0 (never fail) or at least 2, not {fail_every}")
     depot = depot_of(rd)
     run_id = uuid.uuid4().hex[:12]
-    processed_key = depot.keys.validation_keys(run_id)[0]
+    record = depot.store.validation_run(run_id)
     consumer = depot.app.tasks[CONSUMER_TASK]
     # Calls released in bulk wait in the broker queue; give them longer than a run before sweeping.
     queue_timeout = queue_timeout if queue_timeout is not None else max(30.0, 6 * timeout)
@@ -124,9 +123,9 @@ def run_validation(
     timed_out = True
     while time.monotonic() < give_up:
         try:
-            done = depot.client.hlen(processed_key)
+            done = record.processed_count()
             finished = done >= count and not _pending(depot, ids)
-        except redis.RedisError as exc:
+        except RedisError as exc:
             # Redis restarting or failing over: the run goes on without us; look again.
             logger.warning("validation run %s: cannot read its progress (%s); retrying", run_id, exc)
             time.sleep(POLL_SECONDS)
@@ -142,7 +141,7 @@ def run_validation(
         score is not None
         for store in depot.shards.all()
         for start in range(0, len(ids), 1000)
-        for score in depot.client.zmscore(store.keys.dead, ids[start : start + 1000])
+        for score in store.registries.dead.scores(ids[start : start + 1000])
     )
     return collect_report(depot, run_id, range(count), dead=dead, elapsed=elapsed, timed_out=timed_out)
 
@@ -151,10 +150,9 @@ def collect_report(
     depot: Depot, run_id: str, numbers: Collection[int], *, dead: int, elapsed: float, timed_out: bool
 ) -> ValidationReport:
     """The report of run ``run_id``, whose messages are ``numbers``, from its record in Redis (then deleted)."""
-    processed_key, counters_key = depot.keys.validation_keys(run_id)
-    times = {int(number): int(n) for number, n in depot.client.hgetall(processed_key).items()}
-    counters = {text(key): int(value) for key, value in depot.client.hgetall(counters_key).items()}
-    depot.client.delete(processed_key, counters_key)
+    record = depot.store.validation_run(run_id)
+    times, counters = record.results()
+    record.forget()
     return ValidationReport(
         run_id=run_id,
         expected=len(numbers),
@@ -173,10 +171,6 @@ def _pending(depot: Depot, ids: list[str], chunk: int = 1000) -> bool:
     """Whether any of the run's calls is still delayed or in flight."""
     for store in depot.shards.all():
         for start in range(0, len(ids), chunk):
-            part = ids[start : start + chunk]
-            pipe = depot.client.pipeline(transaction=False)
-            pipe.zmscore(store.keys.delayed, part)
-            pipe.zmscore(store.keys.inflight, part)
-            if any(score is not None for scores in pipe.execute() for score in scores):
+            if pending(store.registries, ids[start : start + chunk]):
                 return True
     return False

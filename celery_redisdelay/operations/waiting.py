@@ -14,20 +14,18 @@ a list that changes while it is read makes the scan see some messages twice, nev
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis
 from kombu.utils import json
 
-from .. import broker_redis
 from ..errors import RedisDelayError
 from ..message.envelope import EnvelopeError
 from ..message.received import envelope_of_pushed
 from ..producer.adoption import park_waiting, waiting_due_ms
+from ..store.broker_lists import BrokerLists, broker_lists
 from ..store.calls import CONFLICT, STORED, BrokerCopy, redis_errors
 
 if TYPE_CHECKING:
@@ -67,17 +65,23 @@ def adopt_waiting(
     report = AdoptReport()
     deadline = time.monotonic() + budget
     app = depot.app
-    with _broker_lists(depot) as (broker, in_store):
+    with broker_lists(depot) as broker:
+        if not broker.redis:
+            raise RedisDelayError(
+                f"adopt reads the queues of a Redis broker; the broker of {depot.app.main!r} is "
+                f"{broker.transport}: its workers park eta messages as they receive them "
+                "(redisdelay_park_received)"
+            )
         for key in depot.broker_layout.list_keys(app):
             start = 0
-            while start < broker.llen(key):
+            while start < broker.length(key):
                 if time.monotonic() > deadline:
                     report.finished = False
                     return report
                 taken = 0
-                for raw in broker.lrange(key, start, start + step - 1):  # bytes: the clients decode nothing
+                for raw in broker.read(key, start, start + step - 1):  # bytes: the clients decode nothing
                     report.examined += 1
-                    outcome = _adopt_one(depot, rules_of, broker, key, raw, in_store, dry_run)
+                    outcome = _adopt_one(depot, rules_of, broker, key, raw, dry_run)
                     if outcome is not None:
                         setattr(report, outcome, getattr(report, outcome) + 1)
                         report.waiting += outcome != "failed"
@@ -89,10 +93,9 @@ def adopt_waiting(
 def _adopt_one(
     depot: Depot,
     rules_of: Callable[[Any], CallRules | None],
-    broker: redis.Redis,
+    broker: BrokerLists,
     key: str,
     raw: Any,
-    in_store: bool,
     dry_run: bool,
 ) -> str | None:
     """Park one message of a list if it is an eta message of the app's; what happened (a report field), or
@@ -108,30 +111,11 @@ def _adopt_one(
         envelope = envelope_of_pushed(raw)
     except (ValueError, TypeError, KeyError, AttributeError, EnvelopeError):
         return "failed"
-    copy = BrokerCopy("list", (key,), raw) if in_store else None
+    copy = BrokerCopy("list", (key,), raw) if broker.in_store else None
     status = park_waiting(depot, rules, envelope, due, copy)
     if status == CONFLICT:
         return "gone"
-    if not in_store:
+    if not broker.in_store:
         with redis_errors("remove an adopted message from its queue"):
-            broker.lrem(key, 1, raw)
+            broker.remove(key, raw)
     return "adopted" if status == STORED else "known"
-
-
-@contextlib.contextmanager
-def _broker_lists(depot: Depot) -> Iterator[tuple[redis.Redis, bool]]:
-    """A client for the broker's queue lists, and whether they are in the store's Redis (one script then)."""
-    if depot.fast_release:
-        yield depot.client, True
-        return
-    with depot.app.connection_for_write() as connection:
-        if not broker_redis.is_redis_transport(connection):
-            raise RedisDelayError(
-                f"adopt reads the queues of a Redis broker; the broker of {depot.app.main!r} is "
-                f"{connection.transport_cls}: its workers park eta messages as they receive them "
-                "(redisdelay_park_received)"
-            )
-        # kombu's own connection pool (its TLS and Sentinel settings), but not its client: with global_keyprefix
-        # that one prefixes every key, and the list names here are whole already.
-        with redis_errors("reach the broker"):
-            yield redis.Redis(connection_pool=connection.default_channel.client.connection_pool), False

@@ -24,11 +24,9 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import redis
-
 from ..errors import RedisDelayError
-from ..store.calls import server_ms
-from ..store.connection import connect, is_cluster
+from ..store.base import RedisError
+from ..store.connection import connect
 from .releaser import Releasers, TickReport, broker_errors
 
 if TYPE_CHECKING:
@@ -67,18 +65,19 @@ class PreciseReleaser:
         self.chase = chase
         self.depot, self.releasers = depot, releasers
         self.store = store or depot.store
-        self.keys = self.store.keys
         self.longest_sleep = longest_sleep
         self.retry_after = retry_after
         self.round_spacing = round_spacing
         self.stopping = stopping or threading.Event()
         # Its own connection: a blocked BZPOPMIN must not hold one the rest of the app needs.
         self.client = connect(depot.settings)
+        #: The shard's structures through that connection.
+        self.own = self.store.registries.on(self.client)
         self.released = 0
         self.rounds = 0  # release rounds that released a call
         with depot.app.producer_or_acquire() as producer:
             self.errors: tuple[type[BaseException], ...] = (
-                redis.RedisError,
+                RedisError,
                 RedisDelayError,
                 OSError,
                 *broker_errors(producer),
@@ -108,19 +107,10 @@ class PreciseReleaser:
             if last.next_due_ms is None or not self.chase:
                 return self.longest_sleep
             return min(max((last.next_due_ms - last.now_ms) / 1000, 0.0), self.longest_sleep)
-        if is_cluster(self.client):  # a cluster pipeline refuses TIME
-            first = self.client.zrange(self.keys.delayed, 0, 0, withscores=True)
-            now_ms = server_ms(self.client, self.keys.delayed)
-        else:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zrange(self.keys.delayed, 0, 0, withscores=True)
-            pipe.time()
-            first, (seconds, micros) = pipe.execute()
-            now_ms = int(seconds) * 1000 + int(micros) // 1000
-        if not first or not self.chase:
+        first, now_ms = self.own.delayed.first_and_clock()
+        if first is None or not self.chase:
             return self.longest_sleep
-        due_ms = float(first[0][1])
-        return min(max((due_ms - now_ms) / 1000, 0.0), self.longest_sleep)
+        return min(max((first[1] - now_ms) / 1000, 0.0), self.longest_sleep)
 
     def sleep(self) -> None:
         """Block until the next call is due or an earlier one is parked.
@@ -135,7 +125,7 @@ class PreciseReleaser:
         if wait <= SERVER_TIMER_SECONDS:
             self.stopping.wait(wait)
         else:
-            self.client.bzpopmin([self.keys.wake], timeout=wait - SERVER_TIMER_SECONDS)
+            self.own.wake.wait(wait - SERVER_TIMER_SECONDS)
 
     def run(self) -> None:
         """Release and sleep until stopped; errors are logged and retried, never fatal."""
@@ -161,8 +151,8 @@ class PreciseReleaser:
         """Ask :meth:`run` to end; a marker wakes a releaser blocked in BZPOPMIN (this one or another,
         which then looks again and sleeps on)."""
         self.stopping.set()
-        with contextlib.suppress(redis.RedisError):  # else it wakes by itself within longest_sleep
-            self.depot.client.zadd(self.keys.wake, {f"stop:{id(self)}": 0})
+        with contextlib.suppress(RedisError):  # else it wakes by itself within longest_sleep
+            self.store.registries.wake.mark(f"stop:{id(self)}")
 
 
 class PreciseReleasers:

@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import redis
 from amqp.exceptions import MessageNacked
 from celery.utils import uuid
 from celery.utils.time import maybe_iso8601, maybe_make_aware
@@ -28,6 +27,8 @@ from ..message.marks import DELIVERY_HEADER, PARKED_HEADER, RELEASED_HEADER
 from ..message.stored import BatchCall, decode_stored
 from ..producer.batch import BatchedTask
 from ..producer.task import DelayedTask
+from ..store.base import RedisError
+from ..store.broker_lists import push
 from ..store.meta import CallMeta, Limits
 from .confirms import CallRefused, ConfirmingPublisher, refusal
 
@@ -141,7 +142,7 @@ def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:
     return (
         OperationalError,
         OSError,
-        redis.RedisError,
+        RedisError,
         RedisDelayError,
         *connection.connection_errors,
         *connection.channel_errors,
@@ -246,10 +247,7 @@ class Releaser:
         with producer.channel.conn_or_acquire() as client:
             # kombu's own connection pool (its TLS and Sentinel settings), but not its client: with
             # global_keyprefix that one prefixes every key, and the list names here are whole already.
-            pipe = redis.Redis(connection_pool=client.connection_pool).pipeline(transaction=False)
-            for call, message in calls:
-                pipe.lpush(call.list_key, message)
-            replies = pipe.execute(raise_on_error=False)
+            replies = push(client.connection_pool, [(call.list_key, message) for call, message in calls])
         refusals = [reply for reply in replies if isinstance(reply, Exception)]
         pushed = [call.id for (call, _), reply in zip(calls, replies, strict=True) if not isinstance(reply, Exception)]
         return pushed, refusals[0] if refusals else None
@@ -275,7 +273,7 @@ class Releaser:
                 if pushable:
                     try:
                         pushed, refusal = self._push(producer, pushable)
-                    except redis.RedisError as exc:
+                    except RedisError as exc:
                         raise OperationalError(f"cannot push to the broker: {exc}") from exc
                     published.extend(pushed)
                     handled.update(pushed)
@@ -408,7 +406,7 @@ class Releasers:
 
     def of(self, store: CallStore) -> Releaser:
         """The releaser of one shard."""
-        made = self._made.get(store.keys.tag)
+        made = self._made.get(store.tag)
         if made is None or made.store is not store:
             depot = self.depot
             lists = depot.broker_layout.list_keys(depot.app) if depot.wire_format else None
@@ -423,7 +421,7 @@ class Releasers:
                 unacked=depot.broker_layout.unacked_keys() if depot.fast_release else (),
                 confirms=depot.amqp_broker,
             )
-            self._made[store.keys.tag] = made
+            self._made[store.tag] = made
         return made
 
     def every(self) -> list[Releaser]:
@@ -461,7 +459,7 @@ def tick_all(releasers: Sequence[Releaser], budget: float = TICK_BUDGET_SECONDS)
                 except Exception as exc:  # raised below, after the other shards had their turn
                     if len(releasers) == 1:
                         raise
-                    logger.error("redisdelay: shard %s failed: %r", releaser.store.keys.tag, exc)
+                    logger.error("redisdelay: shard %s failed: %r", releaser.store.tag, exc)
                     failed.append(exc)
                     pending.remove(releaser)
             active = still

@@ -21,6 +21,9 @@ from .scripts import Scripts
 
 #: The most ids one bulk script call takes (scripts block Redis while they run).
 LARGEST_STEP = 1000
+#: What a command to Redis raises (redis-py's base error), for the layers above that tell Redis failing from their
+#: own errors without reaching for redis-py: they reach Redis only through the store.
+RedisError = redis.RedisError
 
 
 @contextmanager
@@ -73,6 +76,11 @@ class StoreBase:
         self.wait_replicas = wait_replicas
         self.wait_ms = wait_ms
         self._scripts = Scripts(client, [key.encode() for key in keys.store_keys])
+
+    @property
+    def tag(self) -> str:
+        """The store's hash tag: its name among the shards (``{tag}`` begins each of its keys)."""
+        return self.keys.tag
 
     def _run(
         self,

@@ -68,6 +68,19 @@ def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster)
 
 
+def eviction_policy(client: Any) -> str | None:
+    """The server's ``maxmemory-policy`` (``noeviction`` when it says none); None when it refuses ``CONFIG`` (a
+    managed Redis may)."""
+    try:
+        found: Any = client.config_get("maxmemory-policy")
+    except redis.RedisError:
+        return None
+    if is_cluster(client) and found and all(isinstance(value, dict) for value in found.values()):
+        found = next(iter(found.values()))  # one answer per node; they are configured alike
+    policy = dict(found).get(b"maxmemory-policy") or dict(found).get("maxmemory-policy") or "noeviction"
+    return policy.decode() if isinstance(policy, bytes) else str(policy)
+
+
 def _sentinel_master(url: str, options: dict[str, Any]) -> redis.Redis:
     parts = urlsplit(url.replace("+sentinel", "", 1))
     path = [unquote(part) for part in parts.path.split("/") if part]

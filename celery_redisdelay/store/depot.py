@@ -20,7 +20,7 @@ from ..message.envelope import Envelope
 from ..message.stored import encode_stored
 from ..settings import Settings, check_protocol
 from .calls import CallStore, redis_errors
-from .connection import broker_is_store, connect, is_cluster
+from .connection import broker_is_store, connect, eviction_policy, is_cluster
 from .forks import cached_property
 from .keys import Keyspace
 from .limits import Limit, quotas_from_conf
@@ -155,6 +155,10 @@ class Depot:
     def stats(self) -> dict[str, int]:
         """Counts of calls per state over every shard (see ``RedisDelay.stats``)."""
         return self.shards.total([store.stats() for store in self.shards.all()])
+
+    def eviction_policy(self) -> str | None:
+        """The store's Redis ``maxmemory-policy``; None when it refuses ``CONFIG``."""
+        return eviction_policy(self.client)
 
     def ping(self) -> bool:
         """Check that the store's Redis answers; raises :class:`StoreUnavailableError` when it does not."""

@@ -8,7 +8,7 @@ then keep the delivery count and phase as the call moves (see README, the life o
 from __future__ import annotations
 
 import json
-from typing import NotRequired, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 
 class Limits(TypedDict):
@@ -85,3 +85,27 @@ def gated_meta(stored: str, gate: str) -> str:
     if not stored.endswith(FRESH):
         raise ValueError(f"not the metadata of a parked call: {stored!r}")
     return f'{stored[: -len(FRESH)]},"lg":{json.dumps(gate)}{FRESH}'
+
+
+#: The metadata's fields an operator reads, by the names listings and descriptions give them (the one place a letter
+#: is given its name), each with what a missing field reads as.
+NAMED_FIELDS: dict[str, tuple[str, int | None]] = {
+    "task": ("t", None),
+    "phase": ("s", None),
+    "deliveries": ("d", 0),
+    "max_deliveries": ("m", None),
+    "run_timeout_ms": ("r", None),
+    "queue_timeout_ms": ("q", None),
+    "deferrals": ("w", 0),
+    "worker": ("h", None),
+    "run_ends_ms": ("x", None),
+    "key": ("k", None),
+    "broker_list": ("l", None),
+    "why": ("why", None),
+}
+
+
+def named(meta: CallMeta) -> dict[str, Any]:
+    """A call's metadata by the names of :data:`NAMED_FIELDS`, in that order."""
+    fields: dict[str, Any] = dict(meta)
+    return {name: fields.get(letter, missing) for name, (letter, missing) in NAMED_FIELDS.items()}

@@ -16,10 +16,9 @@ from functools import cache
 from importlib.resources import files
 from typing import Any
 
-from redis.cluster import RedisCluster
-
-from .base import StoreBase, redis_errors, server_ms
+from .base import StoreBase, redis_errors
 from .meta import CallMeta
+from .registries import Pauses
 from .scripts import compose
 
 #: The kinds of target a pause names.
@@ -137,14 +136,7 @@ class Pausing(StoreBase):
     def pause_records(self) -> tuple[int, dict[Any, Any]]:
         """This server's time (ms) and the pauses hash as it is (see :func:`active_pauses`): one round trip."""
         with redis_errors("read the pauses"):
-            if isinstance(self.client, RedisCluster):  # TIME goes to the key's node
-                found: Any = self.client.hgetall(self.keys.pauses)
-                return server_ms(self.client, self.keys.pauses), found
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hgetall(self.keys.pauses)
-            pipe.time()
-            records, (seconds, micros) = pipe.execute()
-        return int(seconds) * 1000 + int(micros) // 1000, records
+            return Pauses(self.client, self.keys.pauses).records_and_clock()
 
     def paused_count(self, target: str) -> int:
         """How many calls wait on the pause of ``target`` here."""

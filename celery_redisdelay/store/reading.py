@@ -7,8 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from .base import StoreBase, redis_errors, server_ms, text
+from .census import census
+from .forks import cached_property
 from .meta import CallMeta, decode_meta
 from .pauses import pause_note, paused_member
+from .registries import Registries
 
 STATES = ("delayed", "inflight", "dead")
 #: The lists an operator reads: the states, the due calls held by their limits and the calls set aside on a pause
@@ -50,6 +53,11 @@ def paused_entry(member: bytes) -> tuple[str, float, str]:
 class Reading(StoreBase):
     """The store's reads: counts, a call, a page of calls, the last release."""
 
+    @cached_property
+    def registries(self) -> Registries:
+        """The store's structures, one registry each, for the reads above the store (:mod:`.registries`)."""
+        return Registries(self.client, self.keys)
+
     def last_release(self) -> tuple[float, float | None]:
         """The server's time and when a releaser last ran here (s since the epoch; None: never)."""
         with redis_errors("read when a releaser last ran"):
@@ -62,28 +70,17 @@ class Reading(StoreBase):
         Delayed calls include those due and waiting on their limits (``limited``, counted in ``due``) and those set
         aside on a pause (``paused``, not counted in ``due``: no releaser is behind with them)."""
         with redis_errors("read the store's counts"):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zcard(self.keys.delayed)
-            pipe.zcard(self.keys.inflight)
-            pipe.zcard(self.keys.dead)
-            pipe.zcard(self.keys.batches)
-            pipe.hget(self.keys.counters, "batch_items")
-            pipe.zcard(self.keys.gated)
-            pipe.zcard(self.keys.paused)
-            delayed, inflight, dead, groups, items, limited, paused = pipe.execute()
-            now_ms = server_ms(self.client, self.keys.delayed)
-            overdue = self.client.zcount(self.keys.delayed, "-inf", now_ms)
-            expired = self.client.zcount(self.keys.inflight, "-inf", now_ms)
+            counted = census(self.registries, server_ms(self.client, self.keys.delayed))
         return {
-            "delayed": delayed + limited + paused,
-            "limited": limited,
-            "paused": paused,
-            "inflight": inflight,
-            "dead": dead,
-            "due": overdue + limited,
-            "inflight_expired": expired,
-            "batch_groups": groups,
-            "batch_items": int(items or 0),
+            "delayed": counted.parked,
+            "limited": counted.limited,
+            "paused": counted.paused,
+            "inflight": counted.inflight,
+            "dead": counted.dead,
+            "due": counted.due,
+            "inflight_expired": counted.expired,
+            "batch_groups": counted.batch_groups,
+            "batch_items": counted.batch_items,
         }
 
     def find(self, call_id: str) -> Entry | None:
