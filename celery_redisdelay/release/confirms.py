@@ -16,7 +16,8 @@ On an AMQP broker the release therefore publishes on a connection of its own wit
   half the claim timeout) is the broker failing: the calls not yet published go back to the store
   (:class:`~.releaser.Releaser`). The call whose confirm never came counts as delivered: the broker may hold it
   (a memory alarm blocks a publish, it does not refuse it), and another releaser must not publish it again as the
-  same delivery once the claim times out; should it be lost, the sweep delivers it again after the queue timeout.
+  same delivery once the claim times out; should it be lost (a restart), the sweep delivers it again within a
+  lease, as a later delivery.
 
 Each publish waits for its confirm: a round trip per call (bench ``release_rabbitmq`` measures what it costs against
 Celery's own ``send_task`` to the same server).

@@ -259,10 +259,11 @@ class Releaser:
         pushed_ids = {call.id for call, _ in pushable}
         through_kombu = [call for call in claimed if call.id not in pushed_ids]
         published: list[str] = []
+        doubtful: list[str] = []  # published, the broker failing before it confirmed
         handled: set[str] = set()  # published or dead-lettered
         try:
             if through_kombu and self.confirms:
-                self._publish_confirmed(through_kombu, report, published, handled)
+                self._publish_confirmed(through_kombu, report, published, handled, doubtful)
                 through_kombu = []
             with self.app.producer_or_acquire() as producer:
                 fatal = broker_errors(producer)
@@ -289,18 +290,28 @@ class Releaser:
                 logger.warning("redisdelay: could not give back %d unpublished calls", len(pending))
             raise
         finally:
-            if published:
-                self.store.confirm(published, round(self.settings.queue_timeout * 1000))
-        return len(published)
+            self._confirm(published, doubtful)
+        return len(published) + len(doubtful)
+
+    def _confirm(self, published: list[str], doubtful: list[str]) -> None:
+        """The calls published wait in the broker up to the queue timeout; those in doubt up to a lease: should the
+        broker have lost one (a restart), it is delivered again within a lease, while one the broker kept is held by
+        the worker that received it by then, under its own lease, and the sweep leaves it alone."""
+        if published:
+            self.store.confirm(published, round(self.settings.queue_timeout * 1000))
+        if doubtful:
+            queue_timeout_ms = round(self.settings.queue_timeout * 1000)
+            self.store.confirm(doubtful, queue_timeout_ms, longest_ms=round(self.settings.lease * 1000))
 
     def _publish_confirmed(
-        self, calls: list[Claimed], report: TickReport, published: list[str], handled: set[str]
+        self, calls: list[Claimed], report: TickReport, published: list[str], handled: set[str], doubtful: list[str]
     ) -> None:
         """Publish ``calls`` to an AMQP broker, each confirmed by it (:mod:`.confirms`). A call it refuses, or a bad
         entry, is dead-lettered and the others go on; a broker failure is raised. A call whose outcome the failure
-        left unknown (the broker may have taken it) counts as published: should it be lost, the sweep delivers it
-        again after the queue timeout, as a later delivery; sent again now as the same delivery, both copies could
-        run."""
+        left unknown (the broker may have taken it) goes in ``doubtful``: it counts as published, with a lease's
+        deadline rather than the queue timeout, so that should the broker have lost it (a restart), the sweep
+        delivers it again within a lease, as a later delivery; sent again now as the same delivery, both copies
+        could run."""
         with ConfirmingPublisher(self.app, self.settings.claim_timeout / 2) as publisher:
             fatal = broker_errors(publisher.producer)
             for call in calls:
@@ -320,7 +331,7 @@ class Releaser:
                 except Exception as exc:
                     reason = str(exc) if isinstance(exc, (CallRefused, EnvelopeError)) else refusal(exc)
                     if reason is None and isinstance(exc, fatal):
-                        published.append(call.id)  # the outcome is unknown (see above)
+                        doubtful.append(call.id)  # the outcome is unknown (see above)
                         handled.add(call.id)
                         raise
                     if not isinstance(exc, (CallRefused, EnvelopeError)):

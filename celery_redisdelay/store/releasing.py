@@ -61,10 +61,12 @@ class Releasing(StoreBase):
         upcoming = int(float(next_due)) if next_due not in (b"", "", None) else None
         return Released(_claimed(flat), int(examined), int(pushed), int(now), upcoming, bool(int(batch_due)))
 
-    def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int) -> int:
+    def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int, longest_ms: int = 0) -> int:
+        """The broker has the claimed ``call_ids``: each waits in its queue up to its queue timeout (its own, else
+        ``queue_timeout_ms``), and no longer than ``longest_ms`` when given (a publish in doubt)."""
         if not call_ids:
             return 0
-        return int(self._run("confirm", [queue_timeout_ms, *call_ids], "confirm published calls"))
+        return int(self._run("confirm", [queue_timeout_ms, longest_ms, *call_ids], "confirm published calls"))
 
     def unclaim(self, call_ids: Sequence[str]) -> int:
         if not call_ids:
