@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
 import signal
 import sys
 import tempfile
@@ -69,9 +68,11 @@ from typing import Any
 
 from .config import BROKER_VISIBILITY_TIMEOUT
 from .faults import EARLIEST, KINDS, plan
+from .harness.console import say, seconds_since_start
+from .harness.report import injected_counts, publish
 from .outcome import assemble
-from .report import table, write_json
-from .run import WORKERS, Run, fault_counts, say, seconds_since_start
+from .report import table
+from .run import WORKERS, Run, fault_counts
 
 DEFAULT_JSON = Path(tempfile.gettempdir()) / "redisdelay-chaos.json"
 #: Faults of a validation run, unless given.
@@ -241,23 +242,8 @@ def main(argv: list[str] | None = None) -> int:
 
     keep = args.keep_logs or not data["ok"] or bool(data.get("unexplained_duplicates"))
     data["seconds"] = seconds_since_start()
-    data["logs"] = str(run_dir) if keep else None
-    data["faults"]["counts"] = {
-        kind: {
-            "planned": sum(fault.kind == kind for fault in run.faults),
-            "injected": sum(fault.injected for fault in run.faults if fault.kind == kind),
-        }
-        for kind in KINDS
-    }
-    print()
-    print(table(data))
-    write_json(args.json, data)
-    say(f"report written to {args.json}")
-    if keep:
-        say(f"logs kept in {run_dir}")
-    else:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return 0 if data["ok"] else 1
+    data["faults"]["counts"] = injected_counts(run.faults, KINDS)
+    return publish(data, table, args.json, run_dir, keep=keep)
 
 
 if __name__ == "__main__":

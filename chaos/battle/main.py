@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import signal
 import sys
 import tempfile
@@ -17,7 +16,8 @@ from bench.provenance import software
 
 from ..cluster import ROOT
 from ..faults import BEAT_KILL, BROKER_RESTART, CLIENT_KILL, REDIS_KILL, REDIS_RESTART, RELEASER_KILL, WORKER_KILL
-from ..run import say, seconds_since_start
+from ..harness.console import say, seconds_since_start
+from ..harness.report import injected_counts, publish
 from . import __doc__ as usage
 from .analysis import LATE_SECONDS, Outcome
 from .plan import FAULT_KINDS, LONGEST_COUNTDOWN, WORKER_TERM, Mix, fault_counts, parse_shares, schedule
@@ -208,16 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": memory_table(battle.samples),
         "rss_flat": rss_judgement(battle.samples),
         "samples": battle.samples,
-        "faults": {
-            "counts": {
-                kind: {
-                    "planned": sum(fault.kind == kind for fault in faults),
-                    "injected": sum(fault.injected for fault in faults if fault.kind == kind),
-                }
-                for kind in FAULT_KINDS
-            },
-            "list": fault_rows,
-        },
+        "faults": {"counts": injected_counts(faults, FAULT_KINDS), "list": fault_rows},
         "send_errors": battle.send_errors,
         "producer_errors": battle.producer_errors,
         "unplanned_exits": unplanned,
@@ -225,25 +216,14 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": seconds_since_start(),
     }
     data["ok"], data["problems"] = verdict(data)
+    ledger = {
+        "sends": sends,
+        "received": received,
+        "starts": starts,
+        "ends": ends,
+        "cancels": cancels,
+        "dead_letters": letters,
+    }
     keep = args.keep_logs or not data["ok"]
-    data["logs"] = str(run_dir) if keep else None
-    print()
-    print(table(data))
-    from ..report import write_json
-
-    write_json(args.json, data)
-    say(f"report written to {args.json}")
-    if keep:
-        ledger = {
-            "sends": sends,
-            "received": received,
-            "starts": starts,
-            "ends": ends,
-            "cancels": cancels,
-            "dead_letters": letters,
-        }
-        write_json(run_dir / "ledger.json", ledger)
-        say(f"logs and the ledger (ledger.json) kept in {run_dir}")
-    else:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return 0 if data["ok"] else 1
+    kept = "logs and the ledger (ledger.json)"
+    return publish(data, table, args.json, run_dir, keep=keep, kept=kept, files={"ledger.json": ledger})
