@@ -51,11 +51,12 @@ from .faults import (
     Injector,
     Progress,
 )
+from .harness.attribution import FSYNC_BOUND_SECONDS
 from .harness.console import say
 from .harness.sending import Resender
 from .harness.settle import redis_broker_idle, store_idle
 from .hung import HungWatch
-from .ledger import CALL, FSYNC_BOUND_SECONDS, ITEM, LOCKED, Entry, Ledger, exposure
+from .ledger import CALL, ITEM, LOCKED, Entry, Ledger, exposure
 from .topology import Sentinels, Standalone, Topology
 
 WORKERS = 2
