@@ -59,16 +59,15 @@ from __future__ import annotations
 
 import argparse
 import random
-import signal
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any
 
 from .config import BROKER_VISIBILITY_TIMEOUT
 from .faults import EARLIEST, KINDS, plan
-from .harness.console import say, seconds_since_start
+from .harness.console import seconds_since_start
+from .harness.lifecycle import begin, failed
 from .harness.report import injected_counts, publish
 from .outcome import assemble
 from .report import table
@@ -205,9 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return battle([arg for arg in argv if arg != "--battle"])
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # finally blocks stop what it started
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    run_dir = Path(tempfile.mkdtemp(prefix="redisdelay-chaos-"))
+    seed, run_dir = begin(args.seed, "redisdelay-chaos-")  # a SIGTERM's exit runs the finally blocks below
     soak = args.soak is not None
     faults = plan(
         fault_counts(args),
@@ -231,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 outcome["report"], outcome["settled_early"] = validate(run, rd)
         except Exception:  # noqa: BLE001 - reported, and everything is still stopped
-            error = traceback.format_exc()
-            say(f"the run failed:\n{error}")
+            error = failed("the run")
         assert run.cluster is not None
         run.check_hung()  # before the workers stop: a hung pool process is still there to be seen
         run.cluster.close()

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
-import signal
-import sys
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +13,7 @@ from bench.provenance import software
 from ..cluster import ROOT
 from ..faults import BEAT_KILL, BROKER_RESTART, CLIENT_KILL, REDIS_KILL, REDIS_RESTART, RELEASER_KILL, WORKER_KILL
 from ..harness.console import say, seconds_since_start
+from ..harness.lifecycle import begin, failed
 from ..harness.report import injected_counts, publish
 from . import __doc__ as usage
 from .analysis import LATE_SECONDS, Outcome
@@ -144,13 +141,11 @@ def choose_server(server: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    seed, run_dir = begin(args.seed, "redisdelay-battle-")
     choose_server(args.server)
     from .run import Battle  # after the server is chosen
 
     provenance = {**software(ROOT), "machine": f"{os.cpu_count()} cores"}  # the revision that runs, read now
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    run_dir = Path(tempfile.mkdtemp(prefix="redisdelay-battle-"))
     rates = {kind: float(getattr(args, kind)) for kind in FAULT_KINDS}
     faults = schedule(fault_counts(rates, args.minutes), seed, len(args.pools))
     battle = Battle(args, seed, run_dir, faults, Mix(seed, args.shares, args.countdown_scale), args.pools)
@@ -163,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             server = battle.topology.store.version()
             run = battle.fight()
         except Exception:  # noqa: BLE001 - reported, and everything is still stopped
-            error = traceback.format_exc()
-            say(f"the battle failed:\n{error}")
+            error = failed("the battle")
         sends, starts, ends, cancels, received = (
             battle.read_ledger() if battle.ledger is not None else ({}, [], [], {}, [])
         )

@@ -4,6 +4,7 @@
 Each module is one concern the two share, with the difference between them a parameter:
 
 * :mod:`chaos.harness.console`: the lines a run says as it goes, timed from its start;
+* :mod:`chaos.harness.lifecycle`: a run's seed and directory, SIGTERM made an exit, a failure reported;
 * :mod:`chaos.harness.sending`: the producers' pace, and a send made again until Redis takes it, each
   refusal noted (what the ledger records as sent, and as sent twice);
 * :mod:`chaos.harness.settle`: whether anything is left that could deliver a call, and the drain that
