@@ -348,7 +348,7 @@ class Run:
         assert self.rd is not None and self._broker is not None
         try:
             return store_idle(self.rd) and redis_broker_idle(self._broker, QUEUE)
-        except (redis.RedisError, StoreUnavailableError):
+        except redis.RedisError:
             return False
 
     def broker_backlog(self) -> str:

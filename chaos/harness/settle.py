@@ -22,10 +22,14 @@ COMPLETE, SETTLED, DEADLINE = "complete", "settled", "deadline"
 
 
 def store_idle(rd: Any) -> bool:
-    """Nothing parked or in flight in the store (every shard), no batch group open. Raises what the store
-    raises while Redis is away."""
-    stats = rd.stats()
-    return not (stats["delayed"] or stats["inflight"] or stats["batch_groups"])
+    """Nothing parked (due or not, held by a limit or a pause: what ``rd.stats()`` counts as delayed) or in
+    flight in the store, on any shard, and no batch group open; one round trip. Raises while Redis is away."""
+    pipe = rd.client.pipeline(transaction=False)
+    for store in rd.shards.all():
+        keys = store.keys
+        for key in (keys.delayed, keys.gated, keys.paused, keys.inflight, keys.batches):
+            pipe.zcard(key)
+    return not any(pipe.execute())
 
 
 def redis_broker_idle(client: Any, queue: str, *, but: bytes | None = None) -> bool:
