@@ -59,19 +59,19 @@ from __future__ import annotations
 
 import argparse
 import random
-import shutil
-import signal
 import sys
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any
 
 from .config import BROKER_VISIBILITY_TIMEOUT
 from .faults import EARLIEST, KINDS, plan
+from .harness.console import seconds_since_start
+from .harness.lifecycle import begin, failed
+from .harness.report import injected_counts, publish
 from .outcome import assemble
-from .report import table, write_json
-from .run import WORKERS, Run, fault_counts, say, seconds_since_start
+from .report import table
+from .run import WORKERS, Run, fault_counts
 
 DEFAULT_JSON = Path(tempfile.gettempdir()) / "redisdelay-chaos.json"
 #: Faults of a validation run, unless given.
@@ -204,9 +204,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return battle([arg for arg in argv if arg != "--battle"])
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # finally blocks stop what it started
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    run_dir = Path(tempfile.mkdtemp(prefix="redisdelay-chaos-"))
+    seed, run_dir = begin(args.seed, "redisdelay-chaos-")  # a SIGTERM's exit runs the finally blocks below
     soak = args.soak is not None
     faults = plan(
         fault_counts(args),
@@ -230,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 outcome["report"], outcome["settled_early"] = validate(run, rd)
         except Exception:  # noqa: BLE001 - reported, and everything is still stopped
-            error = traceback.format_exc()
-            say(f"the run failed:\n{error}")
+            error = failed("the run")
         assert run.cluster is not None
         run.check_hung()  # before the workers stop: a hung pool process is still there to be seen
         run.cluster.close()
@@ -241,23 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
     keep = args.keep_logs or not data["ok"] or bool(data.get("unexplained_duplicates"))
     data["seconds"] = seconds_since_start()
-    data["logs"] = str(run_dir) if keep else None
-    data["faults"]["counts"] = {
-        kind: {
-            "planned": sum(fault.kind == kind for fault in run.faults),
-            "injected": sum(fault.injected for fault in run.faults if fault.kind == kind),
-        }
-        for kind in KINDS
-    }
-    print()
-    print(table(data))
-    write_json(args.json, data)
-    say(f"report written to {args.json}")
-    if keep:
-        say(f"logs kept in {run_dir}")
-    else:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return 0 if data["ok"] else 1
+    data["faults"]["counts"] = injected_counts(run.faults, KINDS)
+    return publish(data, table, args.json, run_dir, keep=keep)
 
 
 if __name__ == "__main__":

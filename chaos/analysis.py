@@ -15,7 +15,8 @@ consumer recorded the message but before the acknowledgement; the acknowledgemen
 Redis; the reply to the consumer's script was lost; the run outlived its visibility timeout; a broker
 acknowledgement was lost, so kombu restored a copy of a message that had run (at reconnection, or
 after kombu's visibility timeout for a worker that was killed holding it); or the runner retried a
-park after a lost reply. Anything else is reported as unexplained.
+park after a lost reply. Anything else is reported as unexplained. The faults a run is matched with are
+found on the harness's timeline (``chaos/harness/attribution.py``), as the battle's are.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from celery_redisdelay.operations.validation import CONSUMER_TASK
 
 from .cluster import Member
 from .config import CLAIM_TIMEOUT
-from .faults import CLIENT_KILL, REDIS_FAULTS, REDIS_KILL, REDIS_RESTART, Fault
+from .faults import CLIENT_KILL, REDIS_KILL, REDIS_RESTART, Fault
+from .harness.attribution import CONNECTION_FAULTS, Timeline
 
 STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): "  # a Celery log line's timestamp
 #: The package could not acknowledge the call (Redis unreachable): the sweep delivers it again.
@@ -45,7 +47,6 @@ BROKER_ACK_LOST = re.compile(STAMP + r"CRITICAL/MainProcess\] Couldn't ack '([^'
 #: broker yet (kombu's ``restore_unacked``), even one whose task has already run.
 RESTORING = re.compile(STAMP + r"INFO/MainProcess\] Restoring (\d+) unacknowledged", re.M)
 RECEIVED = re.compile(STAMP + r"INFO/MainProcess\] Task " + re.escape(CONSUMER_TASK) + r"\[([^\]]+)\] received", re.M)
-CONNECTION_FAULTS = (CLIENT_KILL, *REDIS_FAULTS)
 #: A releaser (or a tick) pushed calls to the broker but could not mark them published in the store.
 CONFIRM_FAILED = "could not confirm published calls"
 STORE_FAULTS = (CLIENT_KILL, REDIS_RESTART, REDIS_KILL)
@@ -172,7 +173,7 @@ class Explainer:
                 for number in run.numbers:
                     self.by_number[number] = call_id
         self.workers = {member.pid: member for member in members if member.role == "worker"}
-        self.faults = [fault for fault in faults if fault.injected and fault.wall is not None]
+        self.timeline = Timeline(fault.as_dict() for fault in faults)
         self.started_wall = started_wall
         self.visibility_timeout = visibility_timeout
         self.broker_visibility_timeout = broker_visibility_timeout
@@ -191,13 +192,11 @@ class Explainer:
         return f"+{wall - self.started_wall:.2f}s"
 
     def nearest_fault(self, wall: float, kinds: tuple[str, ...] = ()) -> str:
-        """The injected fault nearest to ``wall`` (of one of ``kinds``, if given)."""
-        faults = [fault for fault in self.faults if not kinds or fault.kind in kinds] or self.faults
-        if not faults:
+        """The injected fault nearest to ``wall`` (of one of ``kinds``, if there is one; else of any kind)."""
+        fault = self.timeline.nearest(wall, kinds) or self.timeline.nearest(wall)
+        if fault is None:
             return "none"
-        fault = min(faults, key=lambda f: abs((f.wall or 0) - wall))
-        delta = wall - (fault.wall or 0)
-        return f"{fault.kind} at {self.at(fault.wall or 0)} ({delta:+.2f}s from it)"
+        return f"{fault['kind']} at {self.at(fault['wall'])} ({wall - fault['wall']:+.2f}s from it)"
 
     def describe(self, run: Run) -> dict[str, Any]:
         worker = self.workers.get(run.worker_pid)
@@ -311,13 +310,13 @@ class Explainer:
         writes, which the kill may lose (Redis's fsync bound, or a failover's replication lag)."""
         if self.loss_window is None or run.ended is None:
             return None
-        for fault in self.faults:
-            if fault.kind == REDIS_KILL and fault.wall is not None and 0 <= fault.wall - run.ended <= self.loss_window:
-                return (
-                    f"it ended {fault.wall - run.ended:.2f}s before the SIGKILL of the store at {self.at(fault.wall)}: "
-                    f"its acknowledgement was among the writes such a kill may lose (the last {self.loss_window:g}s)"
-                )
-        return None
+        fault = self.timeline.first((REDIS_KILL,), run.ended, run.ended + self.loss_window)
+        if fault is None:
+            return None
+        return (
+            f"it ended {fault['wall'] - run.ended:.2f}s before the SIGKILL of the store at {self.at(fault['wall'])}: "
+            f"its acknowledgement was among the writes such a kill may lose (the last {self.loss_window:g}s)"
+        )
 
     def published_twice(self, later: Run) -> str | None:
         """A second copy in the broker: a release pushed the call, the store went away before the release
@@ -326,14 +325,13 @@ class Explainer:
         if not self.confirm_failed:
             return None
         window = CLAIM_TIMEOUT + self.queue_timeout
-        faults = [f for f in self.faults if f.kind in STORE_FAULTS and 0 <= later.started - (f.wall or 0) <= window]
-        if not faults:
+        fault = self.timeline.last(STORE_FAULTS, later.started - window, later.started)
+        if fault is None:
             return None
-        fault = faults[-1]
         return (
             f"probably published twice: {', '.join(sorted(self.confirm_failed))} logged '{CONFIRM_FAILED}' (a "
             f"release pushed calls to the broker and the store went away before it could mark them published; "
-            f"nearest store fault: {fault.kind} at {self.at(fault.wall or 0)}), so the sweep published them again "
+            f"nearest store fault: {fault['kind']} at {self.at(fault['wall'])}), so the sweep published them again "
             f"after the {CLAIM_TIMEOUT:g}s claim timeout and both copies ran"
         )
 

@@ -164,12 +164,17 @@ class Injector(threading.Thread):
                 if self.stopping.is_set():
                     return
 
-    def inject(self, fault: Fault) -> None:
+    def mark(self, fault: Fault) -> float:
+        """Note that ``fault`` is injected now (run time, wall clock, progress): the monotonic clock, to time
+        its recovery from."""
         fault.injected = True
         fault.elapsed = round(self.progress.elapsed(), 2)
         fault.wall = round(time.time(), 4)
         fault.progress = round(self.progress.fraction(), 4)
-        began = time.monotonic()
+        return time.monotonic()
+
+    def inject(self, fault: Fault) -> None:
+        began = self.mark(fault)
         if fault.kind in ROLES:
             role, slot = ROLES[fault.kind], fault.slot
             old = self.cluster.current[(role, slot)]

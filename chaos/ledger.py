@@ -4,12 +4,8 @@ Every park the runner makes (``apply_async`` of a message, or ``add`` of a batch
 moment it returned, as a JSON line to a file of the run: the call id, the message number, what kind of
 park it was, and the wall clock. After a SIGKILL of the store (or a failover), :meth:`Ledger.lost`
 looks for every call acknowledged before the fault in the store and in the validation's record of
-processed messages: a call in neither was acknowledged to the producer and is gone.
-
-Redis's own bound for ``appendfsync everysec``: it writes each change to the file before it replies,
-and fsyncs once a second; while that fsync is still running it holds new writes back, for up to two
-seconds, and replies all the same. A SIGKILL loses what it held back, a crash of the machine what the
-kernel had not written out: at most the writes of the last :data:`FSYNC_BOUND_SECONDS` either way.
+processed messages: a call in neither was acknowledged to the producer and is gone. What Redis itself may
+lose in such a kill is :data:`chaos.harness.attribution.FSYNC_BOUND_SECONDS` of acknowledged writes.
 """
 
 from __future__ import annotations
@@ -28,8 +24,9 @@ import redis
 from celery_redisdelay.store.calls import CallStore
 from celery_redisdelay.store.shards import shard_of
 
-#: The most a SIGKILL of an ``appendfsync everysec`` Redis may lose: writes acknowledged this long before it.
-FSYNC_BOUND_SECONDS = 2.0
+from .harness.attribution import FSYNC_BOUND_SECONDS as FSYNC_BOUND_SECONDS  # where the tests read it
+from .harness.attribution import within_bound
+
 CHUNK = 1000
 CALL, UNIQUE, DEBOUNCE, LOCKED, ITEM = "call", "unique", "debounce", "locked", "item"
 
@@ -127,4 +124,4 @@ def _processed(client: redis.Redis, processed_key: str, numbers: Iterable[int]) 
 
 def exposure(entries: list[Entry], kill_wall: float) -> int:
     """How many of ``entries`` were acknowledged within the bound before the kill: what it could lose."""
-    return sum(kill_wall - FSYNC_BOUND_SECONDS <= entry.t <= kill_wall for entry in entries)
+    return sum(within_bound(entry.t, kill_wall) for entry in entries)

@@ -3,7 +3,7 @@ cost, how long each fault kept its calls from running, and the verdict.
 
 A message is missing for one of two reasons, told apart with the ledger: it was acknowledged to the
 producer and gone after a SIGKILL of the store (within Redis's bound: acknowledged at most
-:data:`chaos.ledger.FSYNC_BOUND_SECONDS` before the kill; none at all with ``redisdelay_wait_replicas``
+:data:`chaos.harness.attribution.FSYNC_BOUND_SECONDS` before the kill; none at all with ``redisdelay_wait_replicas``
 and a failover), or for any other reason, which must never happen.
 """
 
@@ -21,8 +21,9 @@ from .analysis import Explainer, WorkerLogs, read_runs, run_counts
 from .cluster import ROOT
 from .config import BROKER_VISIBILITY_TIMEOUT, CLAIM_TIMEOUT, RESTORE_INTERVAL, TICK_INTERVAL
 from .faults import REDIS_KILL
+from .harness.attribution import FSYNC_BOUND_SECONDS
 from .history import check_history
-from .ledger import CALL, DEBOUNCE, FSYNC_BOUND_SECONDS, UNIQUE
+from .ledger import CALL, DEBOUNCE, UNIQUE
 from .recovery import per_fault, recoveries
 from .run import WORKERS, LoggedRetry, Run
 from .topology import PROMOTION_TIMEOUT, Sentinels

@@ -1,12 +1,12 @@
-"""The run's report: a table on stdout and the same as JSON."""
+"""The run's report as a table on stdout (the same as JSON: ``chaos/harness/report.py``)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 from .faults import KINDS
+from .harness.report import summary, verdict_row
 
 
 def _ids(values: list[Any], limit: int = 20) -> str:
@@ -72,12 +72,11 @@ def _summary(data: dict[str, Any]) -> list[str]:
         )
     if data.get("error"):
         rows.append(("error", str(data["error"]).strip().splitlines()[-1]))
-    rows.append(("verdict", "OK" if data["ok"] else "FAILED: " + "; ".join(data.get("problems") or [])))
-    width = max(len(name) for name, _ in rows)
+    rows.append(verdict_row(data))
     what = (
         f"{settings['soak_minutes']:g}-minute soak" if settings["mode"] == "soak" else f"{settings['count']:,} messages"
     )
-    return [f"chaos run: {what}, seed {settings['seed']}", *(f"  {name:<{width}}  {value}" for name, value in rows)]
+    return summary(f"chaos run: {what}, seed {settings['seed']}", rows)
 
 
 def _explained(data: dict[str, Any]) -> list[str]:
@@ -267,8 +266,3 @@ def table(data: dict[str, Any]) -> str:
         _faults(data),
     ]
     return "\n".join(line for part in parts for line in part)
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")

@@ -5,8 +5,8 @@ The validation (``chaos/validate.py``) and the soak (``chaos/soak.py``) both dri
 The runner's own extension gets a client that retries connection errors with backoff (the workers,
 beat and releaser run the package as it is), and its parks go through :meth:`Run.park`, which retries
 a park Redis did not take (unreachable, or with ``redisdelay_wait_replicas`` not confirmed by a
-replica: parking again under the same task id replaces it) and writes every acknowledged park to the
-ledger (``chaos/ledger.py``) the moment it returned.
+replica: parking again under the same task id replaces it; ``chaos/harness/sending.py``) and writes every
+acknowledged park to the ledger (``chaos/ledger.py``) the moment it returned.
 """
 
 from __future__ import annotations
@@ -51,40 +51,20 @@ from .faults import (
     Injector,
     Progress,
 )
+from .harness.attribution import FSYNC_BOUND_SECONDS
+from .harness.console import say
+from .harness.sending import Resender
+from .harness.settle import redis_broker_idle, store_idle
 from .hung import HungWatch
-from .ledger import CALL, FSYNC_BOUND_SECONDS, ITEM, LOCKED, Entry, Ledger, exposure
+from .ledger import CALL, ITEM, LOCKED, Entry, Ledger, exposure
 from .topology import Sentinels, Standalone, Topology
 
 WORKERS = 2
-KOMBU_UNACKED = "unacked"  # kombu's Redis transport: the messages workers hold, not yet acknowledged
 #: How long the runner keeps trying to park one call (Redis restarting, a failover, no replica yet).
 PARK_PATIENCE = 180.0
 PARK_RETRY_SECONDS = 0.2
 
 T = TypeVar("T")
-
-_started = time.monotonic()
-
-
-def say(text: str) -> None:
-    print(f"[{time.monotonic() - _started:6.1f}s] {text}", flush=True)
-
-
-def run_producers(producers: list[threading.Thread], every: float, progress: Callable[[], str]) -> None:
-    """Start the producer threads and wait until all have ended, saying ``progress()`` every ``every`` seconds."""
-    for producer in producers:
-        producer.start()
-    last = time.monotonic()
-    while any(producer.is_alive() for producer in producers):
-        for producer in producers:
-            producer.join(1.0)
-        if time.monotonic() - last >= every:
-            last = time.monotonic()
-            say(progress())
-
-
-def seconds_since_start() -> float:
-    return round(time.monotonic() - _started, 1)
 
 
 class LoggedRetry(Retry):
@@ -196,7 +176,9 @@ class Run:
         self.started_wall = 0.0
         self.park_retried: set[str] = set()  # calls, and
         self.numbers_retried: set[int] = set()  # messages, whose park was retried (it may be stored twice)
-        self.parks_refused: list[dict[str, Any]] = []  # errors of parks the runner then retried
+        # Only the store's own refusals are retried: any other error of a park is the run's to report.
+        self.resender = Resender((NotReplicatedError, StoreUnavailableError), PARK_PATIENCE, PARK_RETRY_SECONDS, str)
+        self.parks_refused = self.resender.refused  # errors of parks the runner then retried
         self.lost_ids: set[str] = set()
         self.run_id: str | None = None
         self.rd: RedisDelay | None = None
@@ -306,20 +288,14 @@ class Run:
         return self._until_stored(add, number, ITEM)
 
     def _until_stored(self, attempt: Callable[[], str], number: int, kind: str, due: float | None = None) -> str:
-        deadline = time.monotonic() + PARK_PATIENCE
-        retried = False
-        while True:
-            mark = len(LoggedRetry.log)
-            try:
-                call_id = attempt()
-                break
-            except (NotReplicatedError, StoreUnavailableError) as exc:
-                if time.monotonic() > deadline:
-                    raise
-                retried = True
-                self.parks_refused.append({"t": round(time.time(), 3), "n": number, "error": str(exc)[:200]})
-                time.sleep(PARK_RETRY_SECONDS)
-        if retried or LoggedRetry.retried_since(mark):
+        marks: list[int] = []  # the client's retries before each attempt: the last one's count
+
+        def marked() -> str:
+            marks.append(len(LoggedRetry.log))
+            return attempt()
+
+        call_id, retried = self.resender.until_taken(marked, number)
+        if retried or LoggedRetry.retried_since(marks[-1]):
             self.numbers_retried.add(number)
             if call_id:
                 self.park_retried.add(call_id)
@@ -366,20 +342,12 @@ class Run:
     # -- is anything left that could deliver a message? -------------------------------------------
 
     def settled(self) -> bool:
-        """Whether nothing can deliver a message any more: no call parked or in flight in the store and
-        no batch group open, no message in the broker queue, none prefetched (kombu's unacked hash)."""
+        """Whether nothing can deliver a message any more (``chaos/harness/settle.py``): no call parked or in
+        flight in the store and no batch group open, no message in the broker queue, none prefetched (kombu's
+        unacked hash)."""
         assert self.rd is not None and self._broker is not None
-        rd = self.rd
         try:
-            pipe = rd.client.pipeline(transaction=False)
-            for store in rd.shards.all():
-                pipe.zcard(store.keys.delayed)
-                pipe.zcard(store.keys.inflight)
-                pipe.zcard(store.keys.batches)
-            broker = self._broker.pipeline(transaction=False)
-            broker.llen(QUEUE)
-            broker.hlen(KOMBU_UNACKED)
-            return not any(pipe.execute()) and not any(broker.execute())
+            return store_idle(self.rd) and redis_broker_idle(self._broker, QUEUE)
         except redis.RedisError:
             return False
 

@@ -32,9 +32,12 @@ from celery_redisdelay.operations.validation import CONSUMER_TASK, collect_repor
 
 from .config import BATCH_TASK, LOCK_SLOTS, LOCKED_TASK
 from .faults import Clock
+from .harness.console import say
+from .harness.sending import paced, run_producers
+from .harness.settle import COMPLETE, SETTLED, Level, drain
 from .ledger import CALL, DEBOUNCE, ITEM, LOCKED, UNIQUE
 from .measure import Sampler, children_of, compare, histogram_bytes, inventory, this_process
-from .run import Run, run_producers, say
+from .run import Run
 
 PRODUCERS = 2
 MIX = (CALL,) * 6 + (UNIQUE, DEBOUNCE, LOCKED, ITEM)
@@ -117,14 +120,7 @@ class Soak:
 
     def produce(self, index: int, began: float) -> None:
         """One producer: parks at ``rate / PRODUCERS`` a second until the parking time is over."""
-        interval = PRODUCERS / self.args.rate
-        for step in itertools.count():
-            moment = began + (step + index / PRODUCERS) * interval
-            delay = moment - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            if time.monotonic() - began >= self.seconds:
-                return
+        for _ in paced(index, PRODUCERS, self.args.rate, self.seconds, began):
             try:
                 self.park_one(next(self.numbers))
             except Exception as exc:  # noqa: BLE001 - reported; the producer goes on
@@ -219,26 +215,21 @@ class Soak:
     def drain(self) -> tuple[bool, bool]:
         """Wait until every message parked is processed and nothing is left anywhere: (drained, ended early
         because messages are missing and nothing could deliver them any more)."""
-        deadline = time.monotonic() + self.args.deadline
-        settled_since: float | None = None
-        last_said = time.monotonic()
-        while time.monotonic() < deadline:
+
+        def look() -> Level:
             done, settled = self.processed(), self.run.settled()
-            if done >= len(self.parked) and settled:
-                return True, False
-            now = time.monotonic()
-            settled_since = (settled_since or now) if settled else None
-            if settled_since is not None and now - settled_since >= SETTLE_SECONDS:
-                say(
-                    f"ending the drain: {len(self.parked) - done} messages missing and nothing left that could "
-                    "deliver them"
-                )
-                return False, True
-            if now - last_said >= PROGRESS_EVERY:
-                last_said = now
-                say(f"draining: processed {done:,}/{len(self.parked):,}{self.run.broker_backlog()}")
-            time.sleep(0.5)
-        return False, False
+            return Level(done, len(self.parked), settled)
+
+        def progress(level: Level) -> None:
+            say(f"draining: processed {level.done:,}/{level.expected:,}{self.run.broker_backlog()}")
+
+        drained = drain(
+            look, deadline=self.args.deadline, settle=SETTLE_SECONDS, pause=0.5, every=PROGRESS_EVERY, progress=progress
+        )
+        if drained.how == SETTLED:
+            missing = drained.last.expected - drained.last.done
+            say(f"ending the drain: {missing} messages missing and nothing left that could deliver them")
+        return drained.how == COMPLETE, drained.how == SETTLED
 
     def read_result(self, elapsed: float) -> dict[str, Any]:
         """The validation-style result of the soak; deletes the run's own keys (before the end measurement)."""

@@ -3,8 +3,8 @@
 ``run_validation`` parks the messages through the runner (:meth:`chaos.run.Run.park`, so every
 acknowledged park is in the ledger) and polls until every message is processed. When messages are
 missing and nothing is left that could deliver them (no call parked or in flight, no message queued
-or held by a worker) for :data:`SETTLE_SECONDS`, the validation is ended early instead of waiting for
-its deadline.
+or held by a worker: ``chaos/harness/settle.py``) for :data:`SETTLE_SECONDS`, the validation is ended early
+instead of waiting for its deadline.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from celery_redisdelay import RedisDelay, ValidationReport, run_validation
 from celery_redisdelay.operations.validation import collect_report
 
 from .faults import Progress
-from .run import Run, say
+from .harness.console import say
+from .harness.settle import Settling
+from .run import Run
 
 FAIL_EVERY = 2
 PROGRESS_EVERY = 10.0
@@ -35,18 +37,14 @@ class Watch:
         self.progress = progress
         self._last_said = 0.0
         self._last_settle_check = 0.0
-        self._settled_since: float | None = None
+        self._settling = Settling(SETTLE_SECONDS)
 
     def __call__(self, done: int, total: int) -> None:
         self.progress.on_processed(done, total)
         now = time.monotonic()
         if done < total and now - self._last_settle_check >= 1.0:
             self._last_settle_check = now
-            if not self.run.settled():
-                self._settled_since = None
-            elif self._settled_since is None:
-                self._settled_since = now
-            elif now - self._settled_since >= SETTLE_SECONDS:
+            if self._settling.see(self.run.settled(), now):
                 raise Settled(f"{total - done} messages missing and nothing left that could deliver them")
         if now - self._last_said >= PROGRESS_EVERY:
             self._last_said = now

@@ -24,6 +24,9 @@ of one (a run that ended was acknowledged, or about to be), and every cancel.
 * lateness: the first start less that due time (the send, for a call due now);
 * recovery: for each fault, the runs it cut short or the calls due while it lasted, and how long until each
   started again.
+
+Redis's bound and the faults' timeline are the harness's (``chaos/harness/attribution.py``), as the validation's
+runner's are; what this module judges (the delivery contract, the units) is the battle's own.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ from datetime import datetime
 from statistics import median
 from typing import Any
 
-#: A SIGKILL of an ``appendfsync everysec`` Redis may lose the writes acknowledged this long before it.
-FSYNC_BOUND_SECONDS = 2.0
+from ..harness.attribution import CONNECTION_FAULTS, FSYNC_BOUND_SECONDS, Timeline, target_name
+
 #: A start this much before the due time counts as early (the due time is kept to the millisecond).
 EARLY_TOLERANCE = 0.001
 #: A unit that started more than this after its due time is late, for the per-SIGKILL comparison.
@@ -47,8 +50,6 @@ PARKED, CELERY_ETA, CELERY_NOW = "parked", "celery-eta", "celery-now"
 #: A call due now that ``redisdelay_track_due_now`` sent through the store: judged as a parked call is.
 TRACKED = "tracked"
 WORKER_FAULTS = ("worker_kill", "worker_term")
-#: Faults of a server, which break every client's connection (``broker_restart``: a RabbitMQ node's restart).
-REDIS_FAULTS = ("redis_kill", "redis_restart", "client_kill", "broker_restart")
 ROW_LIMIT = 200
 #: How the reason of a dead letter starts when the store's sweep buried a run cut short with its worker.
 WORKER_LOST = "worker lost:"
@@ -98,11 +99,6 @@ def attempt(unit: str) -> int:
     return int(unit.rpartition(".")[2] or 0)
 
 
-def target_name(fault: Mapping[str, Any]) -> str:
-    """The name of the process a fault hit (``worker0-3`` of ``worker0-3 pid 1234``)."""
-    return str(fault.get("target") or "").partition(" pid ")[0]
-
-
 def reason_start(why: str) -> tuple[str | None, float | None]:
     """The worker and the wall clock of the run start a ``worker lost`` reason names (``... started on
     worker0-1@host at 2026-01-02T03:04:05.678Z had not reported its end ...``); None for what it does not say."""
@@ -136,7 +132,8 @@ class Outcome:
         for row in received:
             self.received[row["u"]].append(row)
         self.cancels = cancels
-        self.faults = sorted((f for f in faults if f.get("injected") and f.get("wall")), key=lambda f: f["wall"])
+        self.timeline = Timeline(faults)
+        self.faults = self.timeline.faults
         self.starts: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         self.ends: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
         for start in starts:
@@ -176,9 +173,9 @@ class Outcome:
         Redis, ``cut`` for a run a worker fault cut short, ``fault`` near another fault, ``none``."""
         send = self.sends[unit]
         sent = float(send["t"])
-        for fault in self.faults:
-            if fault["kind"] == "redis_kill" and fault["wall"] - FSYNC_BOUND_SECONDS <= sent <= fault["wall"]:
-                return "bound", f"sent {fault['wall'] - sent:.3f}s before the SIGKILL of Redis at {fault['elapsed']}s"
+        kill = self.timeline.kill_within_bound(sent)
+        if kill is not None:
+            return "bound", f"sent {kill['wall'] - sent:.3f}s before the SIGKILL of Redis at {kill['elapsed']}s"
         for start in self.starts.get(unit, []):
             hit = self._worker_fault_after(worker_name(start["w"]), start["t"])
             if hit is not None:
@@ -196,9 +193,8 @@ class Outcome:
                 )
         due = max(float(send["d"]), sent)
         # A send under way when a fault hit was acknowledged after it: faults from just before the send on.
-        after = [fault for fault in self.faults if fault["wall"] >= min(sent, float(send["d"])) - 0.5]
-        if after:
-            fault = after[0]
+        fault = self.timeline.first((), min(sent, float(send["d"])) - 0.5)
+        if fault is not None:
             return "fault", (
                 f"never started; the next fault after its send: {fault['kind']} of {target_name(fault) or 'Redis'} "
                 f"at {fault['elapsed']}s ({fault['wall'] - due:+.2f}s from its due time)"
@@ -206,14 +202,7 @@ class Outcome:
         return "none", "never started, and no fault after its send"
 
     def _worker_fault_after(self, name: str, moment: float) -> Mapping[str, Any] | None:
-        return next(
-            (
-                fault
-                for fault in self.faults
-                if fault["kind"] in WORKER_FAULTS and fault["wall"] >= moment and target_name(fault) == name
-            ),
-            None,
-        )
+        return self.timeline.first(WORKER_FAULTS, moment, target=name)
 
     def explain_duplicate(self, unit: str) -> tuple[bool, str]:
         ends = self.ends[unit]
@@ -225,27 +214,27 @@ class Outcome:
                 f"{fault['kind']} of {name} at {fault['elapsed']}s, {fault['wall'] - first['e']:.3f}s after its first "
                 "run ended: the acknowledgement was lost"
             )
-        for fault in self.faults:
-            if fault["kind"] in REDIS_FAULTS and first["s"] - 1.0 <= fault["wall"] <= second["s"]:
-                return True, (
-                    f"{fault['kind']} at {fault['elapsed']}s, between the two runs: the acknowledgement was lost "
-                    "with the connection or with Redis's last writes"
-                )
+        fault = self.timeline.first(CONNECTION_FAULTS, first["s"] - 1.0, second["s"])
+        if fault is not None:
+            return True, (
+                f"{fault['kind']} at {fault['elapsed']}s, between the two runs: the acknowledgement was lost "
+                "with the connection or with Redis's last writes"
+            )
         if self.sends[unit].get("r"):
             return True, "the producer sent it again after an error (the first send had gone through)"
         sent = float(self.sends[unit]["t"])
-        for fault in self.faults:
-            if fault["kind"] in REDIS_FAULTS and sent - 1.0 <= fault["wall"] <= sent + 1.0:
-                return True, (
-                    f"{fault['kind']} at {fault['elapsed']}s, {sent - fault['wall']:+.3f}s from its send: the reply to "
-                    "a send that landed was lost and the client sent it again"
-                )
-        for fault in self.faults:
-            if fault["kind"] in WORKER_FAULTS and first["s"] - 1.0 <= fault["wall"] <= second["s"]:
-                return True, (
-                    f"{fault['kind']} of {target_name(fault)} at {fault['elapsed']}s between the two runs (the "
-                    "message of the first run was held by the killed worker)"
-                )
+        fault = self.timeline.first(CONNECTION_FAULTS, sent - 1.0, sent + 1.0)
+        if fault is not None:
+            return True, (
+                f"{fault['kind']} at {fault['elapsed']}s, {sent - fault['wall']:+.3f}s from its send: the reply to "
+                "a send that landed was lost and the client sent it again"
+            )
+        fault = self.timeline.first(WORKER_FAULTS, first["s"] - 1.0, second["s"])
+        if fault is not None:
+            return True, (
+                f"{fault['kind']} of {target_name(fault)} at {fault['elapsed']}s between the two runs (the "
+                "message of the first run was held by the killed worker)"
+            )
         return False, "no fault between the two runs"
 
     # -- the dead letters ---------------------------------------------------------------------------
@@ -337,10 +326,10 @@ class Outcome:
                 f"{fault['elapsed']}s: the acknowledgement was lost with the worker"
             )
             return "ended", True, why
-        for fault in self.faults:
+        for fault in self.timeline.of(CONNECTION_FAULTS):
             # An end while Redis was away, its acknowledgement tried and dropped; one just before a fault, lost in it.
             away = float(fault.get("recovery_seconds") or 0.0) + ACK_SECONDS
-            if fault["kind"] in REDIS_FAULTS and -away <= fault["wall"] - end["e"] <= ACK_SECONDS + FSYNC_BOUND_SECONDS:
+            if -away <= fault["wall"] - end["e"] <= ACK_SECONDS + FSYNC_BOUND_SECONDS:
                 why = (
                     f"{fault['kind']} at {fault['elapsed']}s, {fault['wall'] - end['e']:+.3f}s from the end of its "
                     f"run on {name}: the acknowledgement was lost with the connection or with Redis's last writes"
@@ -520,7 +509,7 @@ class Outcome:
                         held += 1
             else:
                 low, high = bisect_left(open_moments, wall - 5.0), bisect_right(open_moments, wall)
-                for _, unit, name in open_runs[low:high] if fault["kind"] in REDIS_FAULTS else []:
+                for _, unit, name in open_runs[low:high] if fault["kind"] in CONNECTION_FAULTS else []:
                     if name not in killed:  # a run a worker fault cut short is that fault's
                         affected[unit] = wall
                 low, high = bisect_left(due_moments, wall), bisect_right(due_moments, wall + back)

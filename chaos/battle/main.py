@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
-import shutil
-import signal
-import sys
 import tempfile
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +12,9 @@ from bench.provenance import software
 
 from ..cluster import ROOT
 from ..faults import BEAT_KILL, BROKER_RESTART, CLIENT_KILL, REDIS_KILL, REDIS_RESTART, RELEASER_KILL, WORKER_KILL
-from ..run import say, seconds_since_start
+from ..harness.console import say, seconds_since_start
+from ..harness.lifecycle import begin, failed
+from ..harness.report import injected_counts, publish
 from . import __doc__ as usage
 from .analysis import LATE_SECONDS, Outcome
 from .plan import FAULT_KINDS, LONGEST_COUNTDOWN, WORKER_TERM, Mix, fault_counts, parse_shares, schedule
@@ -144,13 +141,11 @@ def choose_server(server: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    seed, run_dir = begin(args.seed, "redisdelay-battle-")
     choose_server(args.server)
     from .run import Battle  # after the server is chosen
 
     provenance = {**software(ROOT), "machine": f"{os.cpu_count()} cores"}  # the revision that runs, read now
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
-    run_dir = Path(tempfile.mkdtemp(prefix="redisdelay-battle-"))
     rates = {kind: float(getattr(args, kind)) for kind in FAULT_KINDS}
     faults = schedule(fault_counts(rates, args.minutes), seed, len(args.pools))
     battle = Battle(args, seed, run_dir, faults, Mix(seed, args.shares, args.countdown_scale), args.pools)
@@ -163,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             server = battle.topology.store.version()
             run = battle.fight()
         except Exception:  # noqa: BLE001 - reported, and everything is still stopped
-            error = traceback.format_exc()
-            say(f"the battle failed:\n{error}")
+            error = failed("the battle")
         sends, starts, ends, cancels, received = (
             battle.read_ledger() if battle.ledger is not None else ({}, [], [], {}, [])
         )
@@ -208,16 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "memory": memory_table(battle.samples),
         "rss_flat": rss_judgement(battle.samples),
         "samples": battle.samples,
-        "faults": {
-            "counts": {
-                kind: {
-                    "planned": sum(fault.kind == kind for fault in faults),
-                    "injected": sum(fault.injected for fault in faults if fault.kind == kind),
-                }
-                for kind in FAULT_KINDS
-            },
-            "list": fault_rows,
-        },
+        "faults": {"counts": injected_counts(faults, FAULT_KINDS), "list": fault_rows},
         "send_errors": battle.send_errors,
         "producer_errors": battle.producer_errors,
         "unplanned_exits": unplanned,
@@ -225,25 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": seconds_since_start(),
     }
     data["ok"], data["problems"] = verdict(data)
+    ledger = {
+        "sends": sends,
+        "received": received,
+        "starts": starts,
+        "ends": ends,
+        "cancels": cancels,
+        "dead_letters": letters,
+    }
     keep = args.keep_logs or not data["ok"]
-    data["logs"] = str(run_dir) if keep else None
-    print()
-    print(table(data))
-    from ..report import write_json
-
-    write_json(args.json, data)
-    say(f"report written to {args.json}")
-    if keep:
-        ledger = {
-            "sends": sends,
-            "received": received,
-            "starts": starts,
-            "ends": ends,
-            "cancels": cancels,
-            "dead_letters": letters,
-        }
-        write_json(run_dir / "ledger.json", ledger)
-        say(f"logs and the ledger (ledger.json) kept in {run_dir}")
-    else:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    return 0 if data["ok"] else 1
+    kept = "logs and the ledger (ledger.json)"
+    return publish(data, table, args.json, run_dir, keep=keep, kept=kept, files={"ledger.json": ledger})

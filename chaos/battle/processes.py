@@ -97,11 +97,7 @@ class BattleInjector(Injector):
             super().inject(fault)
             return
         assert isinstance(self.cluster, BattleCluster)
-        fault.injected = True
-        fault.elapsed = round(self.progress.elapsed(), 2)
-        fault.wall = round(time.time(), 4)
-        fault.progress = round(self.progress.fraction(), 4)
-        began = time.monotonic()
+        began = self.mark(fault)
         old, new, took = self.cluster.restart("worker", fault.slot)
         fault.target = f"{old.name} pid {old.pid}"
         fault.replacement = f"{new.name} pid {new.pid}"

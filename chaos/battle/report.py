@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..harness.report import summary, verdict_row
 from ..measure import DOCUMENTED
 
 MIB = 1024 * 1024
@@ -227,10 +228,9 @@ def table(data: dict[str, Any]) -> str:
         ),
         ("unplanned exits", f"{len(data['unplanned_exits'])}"),
         ("elapsed", f"{data['seconds']} s in all"),
-        ("verdict", "OK" if data["ok"] else "FAILED: " + "; ".join(data["problems"])),
+        verdict_row(data),
     ]
-    width = max(len(name) for name, _ in rows)
-    lines = [f"battle, seed {settings['seed']}", *(f"  {name:<{width}}  {value}" for name, value in rows)]
+    lines = summary(f"battle, seed {settings['seed']}", rows)
     for row in data["keys"]["documented"]:
         lines.append(f"    documented key: {row['key']} ({row['type']} {row['size']}): {row['why']}")
     lines += ["", "  memory over the run (MiB; workers: every worker's main and pool processes)"]

@@ -6,7 +6,8 @@ queues, Celery's default); the ledger is a redis-server of its own that no fault
 threads of the runner, sending at ``--rate`` calls a second in all, as an application does: ``apply_async``,
 ``add`` for a batch item, ``rd.cancel`` (``revoke`` with plain Celery) for a cancel. A send that raises (Redis
 down) is made again with the same task id, as a careful application would, and noted: a call due now sent
-twice after an error whose first send went through runs twice, and the report says so.
+twice after an error whose first send went through runs twice, and the report says so. The pace, the sends
+made again and the drain are the harness's (``chaos/harness/``), as the validation's runner's are.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import redis
 from celery_redisdelay.testing import RedisServer
 
 from ..faults import Clock, Fault
+from ..harness.console import say
+from ..harness.sending import Resender, paced, run_producers
+from ..harness.settle import SETTLED, Level, drain, redis_broker_idle, store_idle
 from ..measure import children_of, inventory, rss_kib
-from ..run import run_producers, say
 from ..topology import Standalone, StoreAndRabbit
 from .analysis import CELERY_ETA, CELERY_NOW, PARKED, TRACKED, WORKER_LOST
 from .config import (
@@ -102,7 +105,9 @@ class Battle:
         self._numbers: dict[str, int] = {}  # task id -> its call's number (a retry keeps its call's id)
         self.producing = threading.Event()
         self.stopping = threading.Event()
-        self.send_errors: list[dict[str, Any]] = []  # sends that raised and were made again
+        # Any error of a send is a refusal, made again, as an application would.
+        self.resender = Resender((Exception,), SEND_PATIENCE, SEND_RETRY_SECONDS, repr, self.stopping)
+        self.send_errors = self.resender.refused  # sends that raised and were made again
         self.producer_errors: list[str] = []
         self.sent = 0
         self.samples: list[dict[str, Any]] = []
@@ -206,7 +211,7 @@ class Battle:
             attempt = lambda: app.work.apply_async((call.n, call.sleep), **options)  # noqa: E731
         else:
             attempt = lambda: app.work.apply_async((call.n,), **options)  # noqa: E731
-        retried = self._until_sent(attempt, call.n)
+        _, retried = self.resender.until_taken(attempt, call.n)
         acknowledged = time.time()
         unit = f"{call.n}.0"
         record = {"k": call.kind, "d": round(due, 4), "t": round(acknowledged, 4), "id": task_id, "c": self.path(call)}
@@ -220,29 +225,8 @@ class Battle:
             with self._cancels_lock:
                 heapq.heappush(self._cancels, (acknowledged + call.cancel_after, call.n, unit, task_id))
 
-    def _until_sent(self, attempt: Callable[[], Any], n: int) -> bool:
-        deadline = time.monotonic() + SEND_PATIENCE
-        retried = False
-        while True:
-            try:
-                attempt()
-                return retried
-            except Exception as exc:  # Redis down: as an application, send it again
-                if time.monotonic() > deadline or self.stopping.is_set():
-                    raise
-                retried = True
-                self.send_errors.append({"t": round(time.time(), 3), "n": n, "error": repr(exc)[:200]})
-                time.sleep(SEND_RETRY_SECONDS)
-
     def produce(self, index: int, began: float, seconds: float) -> None:
-        interval = PRODUCERS / self.args.rate
-        for step in itertools.count():
-            moment = began + (step + index / PRODUCERS) * interval
-            delay = moment - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            if time.monotonic() - began >= seconds or self.stopping.is_set():
-                return
+        for _ in paced(index, PRODUCERS, self.args.rate, seconds, began, self.stopping):
             call = self.mix.next()
             try:
                 self.send(call)
@@ -280,14 +264,10 @@ class Battle:
     def cancel(self, app: ModuleType, task_id: str, n: int) -> bool:
         """``rd.cancel``; with plain Celery, ``revoke`` (asked: no worker that hears it runs the call)."""
         if self.plain:
-            self._until_sent(lambda: app.app.control.revoke(task_id), n)
+            self.resender.until_taken(lambda: app.app.control.revoke(task_id), n)
             return True
-        return bool(self._until_sent_value(lambda: app.rd.cancel(task_id), n))
-
-    def _until_sent_value(self, attempt: Callable[[], Any], n: int) -> Any:
-        box: list[Any] = []
-        self._until_sent(lambda: box.append(attempt()), n)
-        return box[-1]
+        cancelled, _ = self.resender.until_taken(lambda: app.rd.cancel(task_id), n)
+        return bool(cancelled)
 
     # -- measuring --------------------------------------------------------------------------------
 
@@ -423,14 +403,11 @@ class Battle:
                     return False
             else:
                 with self.topology.store_client() as client:
-                    if client.llen(QUEUE):
-                        return False
-                    if any(TICK not in value for value in client.hvals("unacked")):
+                    if not redis_broker_idle(client, QUEUE, but=TICK):
                         return False
             if not self.plain:
                 assert self.app is not None
-                stats = self.app.rd.stats()
-                return not (stats["delayed"] or stats["inflight"] or stats["batch_groups"])
+                return store_idle(self.app.rd)
         except Exception:  # noqa: BLE001 - Redis still restarting: not settled
             return False
         return True
@@ -471,24 +448,27 @@ class Battle:
         """Wait until every unit expected has run (or is a dead letter of a run cut short with its worker, which
         never runs) and nothing is left, or nothing has been left to deliver anything for ``--settle`` seconds, or
         the deadline: which of the three."""
-        deadline = time.monotonic() + self.args.deadline
-        settled_since: float | None = None
-        last = time.monotonic()
-        while time.monotonic() < deadline:
+
+        def look() -> Level:
             expected, done, settled = self.expected(), self.done(), self.settled()
             if settled and 0 <= done < expected:
                 done += self.dead_lettered_units()  # they never run: the drain does not wait for them
-            if done >= expected and settled:
-                return "complete"
-            now = time.monotonic()
-            settled_since = (settled_since or now) if settled else None
-            if settled_since is not None and now - settled_since >= self.args.settle:
-                return f"settled, {expected - done} units not run"
-            if now - last >= PROGRESS_SECONDS:
-                last = now
-                say(f"draining: ran {done:,} of {expected:,}{self.backlog()}")
-            time.sleep(1.0)
-        return "deadline"
+            return Level(done, expected, settled)
+
+        def progress(level: Level) -> None:
+            say(f"draining: ran {level.done:,} of {level.expected:,}{self.backlog()}")
+
+        drained = drain(
+            look,
+            deadline=self.args.deadline,
+            settle=self.args.settle,
+            pause=1.0,
+            every=PROGRESS_SECONDS,
+            progress=progress,
+        )
+        if drained.how == SETTLED:
+            return f"settled, {drained.last.expected - drained.last.done} units not run"
+        return drained.how
 
     # -- the dead letters -------------------------------------------------------------------------
 
