@@ -348,9 +348,9 @@ def test_pause_and_cancel(setup: RabbitSetup) -> None:
     assert proj.rd.find(cancelled.id) is None
 
 
-# Behind --slow for CI's time (four restarts of the node). Its timeouts in earlier CI runs were one call whose
-# publish the restart left in doubt, waiting its queue timeout (two hours); such a call now waits a lease
-# (test_a_call_left_in_doubt_by_a_broken_connection_comes_back_within_a_lease).
+# Slow (four restarts of the node): CI runs it in a step of its own, beside the lowest versions' run (.ci/run). Its
+# timeouts in earlier CI runs were one call whose publish the restart left in doubt, waiting its queue timeout (two
+# hours); such a call now waits a lease (test_a_call_left_in_doubt_by_a_broken_connection_comes_back_within_a_lease).
 @pytest.mark.slow
 def test_a_broker_restart_during_the_release_loses_nothing(setup: RabbitSetup, rabbitmq: RabbitMQServer) -> None:
     """RabbitMQ restarts while calls fall due and the workers release them: every call runs, once unless the
@@ -379,6 +379,40 @@ def test_a_broker_restart_during_the_release_loses_nothing(setup: RabbitSetup, r
     assert sorted(set(runs)) == list(range(len(calls))), "every call ran"
     duplicates = len(runs) - len(set(runs))
     print(f"{duplicates} duplicate run(s) after the restart")
+    if setup.env["REDISDELAY_TEST_ACKS_LATE"] != "1":
+        assert duplicates == 0
+    assert proj.rd.stats()["dead"] == 0
+
+
+@pytest.mark.slow  # CI runs it beside the restart test (.ci/run)
+def test_connections_dropped_during_the_release_lose_nothing(setup: RabbitSetup, rabbitmq: RabbitMQServer) -> None:
+    """RabbitMQ drops every client connection three times while calls fall due and two workers release and run
+    them (the workers' consumers, their releases' publishers, the event loop's own): every call runs, once unless a
+    drop cut off a run's acknowledgement (acks_late: the broker delivers it again, as it would for plain Celery)."""
+    tag = uuid.uuid4().hex[:8]
+    overrides = {"REDISDELAY_TEST_QUEUE": f"drop-{tag}", "REDISDELAY_TEST_PREFIX": f"drop-{tag}"}
+    proj = setup.proj(**overrides)
+    for _ in range(2):
+        setup.start_worker(**overrides)
+    key = f"drop-{tag}"
+    calls = [proj.record.apply_async((key, i), countdown=0.5 + i * 0.04) for i in range(100)]
+    for runs in (10, 40, 70):  # each drop while calls are still falling due
+        setup.wait_runs(key, runs)
+        rabbitmq.ctl("close_all_connections", "redisdelay test: a connection drop")
+    try:
+        setup.wait_runs(key, len(calls), timeout=90)
+        wait_for(lambda: proj.rd.stats()["inflight"] == 0 and proj.rd.stats()["delayed"] == 0, 60, "the store empty")
+    except TimeoutError:
+        print(proj.rd.stats(), setup.logs())
+        ran = {run["value"] for run in setup.runs(key)}
+        for value, call in enumerate(calls):
+            if value not in ran:
+                print(value, proj.rd.find(call.id), *setup.lines_about(call.id), sep="\n  ")
+        raise
+    runs = [run["value"] for run in setup.runs(key)]
+    assert sorted(set(runs)) == list(range(len(calls))), "every call ran"
+    duplicates = len(runs) - len(set(runs))
+    print(f"{duplicates} duplicate run(s) after three connection drops")
     if setup.env["REDISDELAY_TEST_ACKS_LATE"] != "1":
         assert duplicates == 0
     assert proj.rd.stats()["dead"] == 0
