@@ -213,6 +213,23 @@ def test_an_evicting_maxmemory_policy_is_reported(rd: RedisDelay, client: redis.
         client.config_set("maxmemory-policy", policy)
 
 
+def test_a_server_that_refuses_config_still_says_that_nothing_releases() -> None:
+    """A managed Redis often disables CONFIG: the eviction policy cannot be read, and nothing is said of it; but the
+    problem found before asking, that nothing releases, is still reported (it was dropped with the policy)."""
+    server = RedisServer(extra_args=["--rename-command", "CONFIG", '""']).start()
+    app = Celery("no-config", broker=f"{server.url}/0", set_as_current=False)
+    app.conf.update(redisdelay_key_prefix=f"noconfig-{uuid.uuid4().hex[:8]}", redisdelay_precise_release=False)
+    try:
+        rd = RedisDelay(app)
+        with pytest.raises(redis.ResponseError):
+            rd.client.config_get("maxmemory-policy")
+        [problem] = rd.check_server()
+        assert problem.startswith("nothing releases"), problem
+    finally:
+        app.close()
+        server.stop()
+
+
 ODD = ["{braces}", "with space", "ключ ✓", "a:b:c", '"quoted"', "new\nline", ""]
 
 

@@ -20,7 +20,7 @@ def server_problems(depot: Depot) -> list[str]:
     problems = [] if depot.settings.workers_release else list(filter(None, [releasing(depot)["problem"]]))
     policy = depot.eviction_policy()
     if policy is None:
-        return []  # CONFIG may be disabled (managed Redis): nothing to say
+        return problems  # CONFIG may be disabled (managed Redis): nothing to say of its eviction
     if policy.startswith("allkeys-"):
         problems.append(
             f"Redis at {depot.settings.url} has maxmemory-policy {policy}: when it fills up it evicts keys, "
