@@ -87,6 +87,14 @@ def kill_group(process: subprocess.Popen[Any]) -> None:
         os.killpg(process.pid, signal.SIGKILL)
 
 
+#: How many ports a server chosen its port tries, should other processes take them first.
+PORT_ATTEMPTS = 3
+
+
+class PortTaken(RuntimeError):
+    """The server could not bind its port: another process took it between its choice and the server's start."""
+
+
 class RedisServer:
     """A throwaway redis-server on a free loopback port.
 
@@ -108,6 +116,7 @@ class RedisServer:
         client_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.binary = binary or redis_server_binary()
+        self._chosen_port = port is None  # a port chosen here is chosen again if another process takes it first
         self.port = port or free_port()
         self.dir = Path(directory or tempfile.mkdtemp(prefix="redisdelay-redis-"))
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -143,6 +152,16 @@ class RedisServer:
         )
 
     def start(self, timeout: float = 30.0) -> Self:
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                return self._start(timeout)
+            except PortTaken:
+                if not self._chosen_port or attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.port = free_port()  # another process took it between free_port() and the server's bind
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout: float) -> Self:
         with open(self.log_path, "ab") as log:  # the server keeps its own descriptor
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -156,9 +175,15 @@ class RedisServer:
 
     def _answers(self, client: redis.Redis) -> bool:
         if self.process is not None and self.process.poll() is not None:
-            raise RuntimeError(f"redis-server exited: {self.log_path.read_text(errors='replace')[-2000:]}")
+            log = self.log_path.read_text(errors="replace")[-2000:]
+            if "Address already in use" in log:
+                raise PortTaken(f"port {self.port} was taken by another process: {log}")
+            raise RuntimeError(f"redis-server exited: {log}")
         try:
-            return bool(client.ping())
+            if not client.ping():
+                return False
+            # Ours, not another server that took the port first (ours then exits, unable to bind).
+            return self.process is None or int(client.info("server")["process_id"]) == self.process.pid
         except redis.AuthenticationError:  # a ConnectionError too, but waiting will not cure it
             raise
         except redis.ConnectionError:  # also -LOADING while it reads its append-only file

@@ -23,6 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_redisdelay.testing import RedisServer, free_port, redis_server_binary, wait_for
+from celery_redisdelay.testing.processes import PORT_ATTEMPTS, PortTaken
 
 HOST = "127.0.0.1"
 CLUSTER_SLOTS = 16384
@@ -293,17 +294,30 @@ class LocalSentinel(_Topology):
         replica = self._add(RedisServer(self.binary, replica_args, directory=self._node_dir("replica")))
         _launch(replica, "run a replica", timeout)
         self.data_ports = [master.port, replica.port]
+        for index in range(len(self.sentinel_ports)):
+            self._start_sentinel(index, master.port, timeout)
+        self._wait_settled(master.port, replica.port, timeout, "the sentinels to see master and replica")
+
+    def _start_sentinel(self, index: int, master_port: int, timeout: float) -> None:
+        """Sentinel ``index``, on its port, or on another should a process take that one first."""
         name = self.master_name
-        for index, port in enumerate(self.sentinel_ports):
+        for attempt in range(PORT_ATTEMPTS):
+            port = self.sentinel_ports[index]
             directory = self._node_dir(f"sentinel{index}")
             config = directory / "sentinel.conf"
             lines = [f"port {port}", f"bind {HOST}", f"dir {directory}", "daemonize no"]
-            lines += [f"sentinel monitor {name} {HOST} {master.port} {self.quorum}"]
+            lines += [f"sentinel monitor {name} {HOST} {master_port} {self.quorum}"]
             lines += [f"sentinel down-after-milliseconds {name} 1000", f"sentinel failover-timeout {name} 5000"]
             config.write_text("\n".join(lines) + "\n")
             sentinel = RedisServer(self.binary, port=port, directory=directory, arguments=[str(config), "--sentinel"])
-            _launch(self._add(sentinel), "run a sentinel", timeout)
-        self._wait_settled(master.port, replica.port, timeout, "the sentinels to see master and replica")
+            try:
+                _launch(self._add(sentinel), "run a sentinel", timeout)
+                return
+            except PortTaken:
+                self.servers.remove(sentinel)
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
+                self.sentinel_ports[index] = free_port()
 
     def _unsettled(self, master_port: int, replica_port: int) -> str | None:
         """What is not yet so of: every Sentinel names ``master_port`` as master, lists the replica (whose link
