@@ -94,6 +94,20 @@ def record_delayed(self: Any, key: str, value: Any = None) -> Any:
     return value
 
 
+@rd.delayed(bind=True, shared=False, limit_concurrency=2)
+def limited(self: Any, key: str, seconds: float) -> None:
+    """Under a fleet-wide concurrency limit: note when the run started (the note's own time is its end)."""
+    start = server_ms()
+    time.sleep(seconds)
+    note(key, self.request, start)
+
+
+@rd.delayed(bind=True, shared=False, limit_rate="10/s")
+def rated(self: Any, key: str, n: int) -> None:
+    """Under a fleet-wide rate limit: note the run."""
+    note(key, self.request, n)
+
+
 @app.task(bind=True, shared=False)
 def flaky(self: Any, key: str, failures: int) -> int:
     """Fail ``failures`` times, retrying with a countdown (the retry is parked)."""

@@ -27,6 +27,7 @@ from celery_redisdelay.operations.pausing import PauseError
 from celery_redisdelay.testing import CeleryProcess, RedisServer, wait_for, worker
 from celery_redisdelay.testing.rabbitmq import INSTALL_HINT, RabbitMQServer, RabbitMQUnavailable
 from tests.conftest import ROOT
+from tests.test_limits import most_at_once, most_in_a_window
 
 pytestmark = pytest.mark.e2e
 
@@ -346,6 +347,32 @@ def test_pause_and_cancel(setup: RabbitSetup) -> None:
         assert setup.rabbit.queue_depth(connection, queue) == 1
     assert proj.rd.find(by_task.id).state == "inflight"  # type: ignore[union-attr]
     assert proj.rd.find(cancelled.id) is None
+
+
+def test_limits_hold_on_rabbitmq(setup: RabbitSetup) -> None:
+    """A fleet-wide concurrency limit and a rate limit hold for calls released to RabbitMQ as they do on Redis: a
+    concurrency slot comes back when a worker acknowledges its run in the store, whatever the broker."""
+    tag = uuid.uuid4().hex[:8]
+    overrides = {"REDISDELAY_TEST_QUEUE": f"limited-{tag}", "REDISDELAY_TEST_PREFIX": f"limited-{tag}"}
+    proj = setup.proj(**overrides)
+    setup.start_worker(concurrency=4, **overrides)
+    key = f"limited-{tag}"
+    concurrent = [proj.limited.delay(f"{key}:concurrent", 0.5) for _ in range(8)]
+    rated = [proj.rated.delay(f"{key}:rated", n) for n in range(30)]
+    try:
+        spans = setup.wait_runs(f"{key}:concurrent", len(concurrent), timeout=60)
+        starts = [run["ms"] for run in setup.wait_runs(f"{key}:rated", len(rated), timeout=60)]
+        wait_for(lambda: proj.rd.stats()["inflight"] == 0, 20, "every run acknowledged")
+    except TimeoutError:
+        print(proj.rd.stats(), setup.logs())
+        raise
+    assert sorted(run["id"] for run in spans) == sorted(call.id for call in concurrent)
+    noted = [{"start": run["value"], "end": run["ms"]} for run in spans]
+    assert most_at_once(noted) == 2, noted  # four pool processes, calls waiting: the limit is what holds them
+    assert sorted(run["value"] for run in setup.runs(f"{key}:rated")) == list(range(len(rated)))
+    # 10/s spaces the releases; a run may start a little late on a loaded machine, one start or two in a window.
+    assert most_in_a_window(starts, 2000) <= 22, sorted(starts)
+    assert proj.rd.stats()["dead"] == 0
 
 
 def every_call_ran(setup: RabbitSetup, proj: Any, key: str, calls: list[Any], fault: str) -> None:
