@@ -111,6 +111,12 @@ def broker_connection(conf: Mapping[str, Any]) -> kombu.Connection:
         ) from exc
 
 
+def speaks_amqp(connection: kombu.Connection) -> bool:
+    """Whether kombu reaches this broker over AMQP (RabbitMQ, through py-amqp or librabbitmq), found without
+    connecting."""
+    return str(getattr(connection.transport, "driver_type", "")) == "amqp"
+
+
 def is_redis_transport(connection: kombu.Connection) -> bool:
     """Whether kombu reaches this broker with its Redis transport (``redis``, ``rediss``, ``sentinel``)."""
     try:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .broker_redis import broker_connection, broker_setting, read
+from .broker_redis import broker_connection, broker_setting, read, speaks_amqp
 from .errors import ConfigurationError
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -287,9 +287,18 @@ def _lease(conf: Mapping[str, Any]) -> tuple[float, float]:
     return lease, lease_renewal
 
 
+#: The default queue timeout where the broker speaks AMQP (RabbitMQ): a day. A durable queue keeps a message the
+#: broker confirmed until a consumer takes it, however old the backlog; the sweep is there for a queue purged or
+#: deleted, or a message dropped by a TTL or a length limit, and a backlog older than this is published again (the
+#: older copy, checked against the store when a worker takes it, is dropped unrun: worker/stale.py).
+AMQP_QUEUE_TIMEOUT = 86_400.0
+
+
 def _queue_timeout(conf: Mapping[str, Any]) -> float:
     queue_timeout = conf.get("redisdelay_queue_timeout")
-    if queue_timeout is None:
+    if queue_timeout is None and _broker_speaks_amqp(conf):
+        queue_timeout = AMQP_QUEUE_TIMEOUT
+    elif queue_timeout is None:
         # Outlast the broker's own visibility timeout: kombu restores messages a dead worker had
         # prefetched after that long, and sweeping them earlier would deliver them twice.
         transport = conf.get("broker_transport_options") or {}
@@ -332,6 +341,22 @@ def _optional_bool(conf: Mapping[str, Any], name: str) -> bool | None:
         automatic = " or None (automatic)" if DEFAULTS[name] is None else ""
         raise ConfigurationError(f"{name} must be True or False{automatic}, not {value!r}")
     return value
+
+
+def _broker_speaks_amqp(conf: Mapping[str, Any]) -> bool:
+    """Whether the broker, as Celery's ``app.connection_for_write()`` reaches it, speaks AMQP (no broker URL at all is
+    Celery's default, a RabbitMQ on localhost). A URL kombu cannot read is not refused here: a store of its own may
+    not need it, and the worker says what is wrong with it."""
+    try:
+        connection = broker_connection(conf)
+    except ConfigurationError:
+        return False
+    try:
+        return speaks_amqp(connection)
+    except (ValueError, TypeError, KeyError, ImportError):
+        return False
+    finally:
+        connection.release()
 
 
 def _broker_store(conf: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -537,6 +537,22 @@ def test_a_countdown_longer_than_the_consumer_timeout_closes_no_channel(redis_se
         rabbit.stop()
 
 
+def test_a_released_call_waits_in_the_queue_for_a_day_before_it_is_sent_again(setup: RabbitSetup) -> None:
+    """A call released to RabbitMQ waits in the queue, for the sweep, a day (the AMQP default of the queue timeout),
+    not the two hours sized for a Redis broker's visibility timeout: a durable queue keeps a confirmed message
+    however old the backlog, and a backlog older than two hours was published again."""
+    tag = uuid.uuid4().hex[:8]
+    proj = setup.proj(REDISDELAY_TEST_QUEUE=f"backlog-{tag}", REDISDELAY_TEST_PREFIX=f"backlog-{tag}")
+    with Connection(setup.rabbit.url) as connection:
+        proj.app.amqp.queues[f"backlog-{tag}"](connection.default_channel).declare()
+    call_id = proj.record.apply_async((f"backlog-{tag}", 0), countdown=0.1).id
+    wait_for(lambda: tick_released_all(proj), 10, "the release")
+    entry = proj.rd.find(call_id)
+    assert entry is not None and entry.state == "inflight", entry
+    waits = (entry.score_ms - time.time() * 1000) / 1000
+    assert 86_400 - 60 < waits <= 86_400, f"swept {waits:.0f} s from now"
+
+
 def test_a_call_the_broker_nacks_goes_back_to_the_store(setup: RabbitSetup) -> None:
     """RabbitMQ nacks a publish it did not take: here a queue full to its ``x-max-length`` with ``reject-publish``.
     A nack is the broker failing, not the call: the call goes back to the store, due, for the next release; it is

@@ -124,6 +124,17 @@ def test_queue_timeout_outlasts_the_broker_visibility_timeout(
     assert settings.queue_timeout == 2 * max(visibility_timeout or 3600, 3600)
 
 
+@pytest.mark.parametrize("broker", ["amqp://guest@rabbit//", "pyamqp://rabbit:5672//", "amqps://rabbit//", None])
+def test_on_an_amqp_broker_the_queue_timeout_is_a_day(broker: str | None) -> None:
+    """RabbitMQ keeps a confirmed message in a durable queue however old the backlog: a call waiting there is not
+    published again after the two hours sized for a Redis broker's visibility timeout (no URL: Celery's default,
+    a RabbitMQ on localhost)."""
+    conf = {"broker_url": broker, "redisdelay_url": "redis://store.example:6379/0"}
+    assert Settings.from_conf(conf).queue_timeout == 86_400.0
+    assert Settings.from_conf({**conf, "redisdelay_queue_timeout": 90}).queue_timeout == 90.0
+    assert Settings.from_conf({**conf, "broker_url": BROKER}).queue_timeout == 7200.0
+
+
 def test_connection_options_come_from_broker_use_ssl_only() -> None:
     transport = {"visibility_timeout": 100, "master_name": "mymaster"}
     assert Settings.from_conf({"broker_url": BROKER, "broker_transport_options": transport}).connection_options == {}

@@ -116,7 +116,7 @@ class Depot:
         Such a broker puts back at once what a consumer whose channel closed had not acknowledged
         (worker/stale.py), and confirms each publish when asked (release/confirms.py)."""
         with self.app.connection_for_write() as connection:
-            return str(getattr(connection.transport, "driver_type", "")) == "amqp"
+            return broker_redis.speaks_amqp(connection)
 
     @cached_property
     def wire_format(self) -> bool:
