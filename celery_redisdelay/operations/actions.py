@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from ..errors import RedisDelayError
 from ..store.calls import LARGEST_STEP
@@ -82,23 +82,56 @@ class BulkReport:
         }
 
 
-def act_on_matching(  # noqa: C901, PLR0913 - known: to be split
-    depot: Depot,
-    action: str,
-    found: Filter,
-    *,
-    due_ms: int | None = None,
-    countdown_ms: int | None = None,
-    newest_first: bool = False,
-    step: int = LARGEST_STEP,
-    scan: int = 10_000,
-    most: int | None = None,
-    budget: float | None = None,
-    lists: tuple[str, ...] | None = None,
-) -> BulkReport:
+@dataclass(frozen=True)
+class BulkRequest:
+    """How an action on everything matching a filter goes: the new due time of a reschedule (``due_ms``, or
+    ``countdown_ms`` from when it starts), the order it reads in, ``step`` calls per script call and at most ``scan``
+    entries read per round, the most calls and seconds (``budget``) it takes, and the lists it goes over (None: all
+    the action reaches)."""
+
+    due_ms: int | None = None
+    countdown_ms: int | None = None
+    newest_first: bool = False
+    step: int = LARGEST_STEP
+    scan: int = 10_000
+    most: int | None = None
+    budget: float | None = None
+    lists: tuple[str, ...] | None = None
+
+    def check(self) -> None:
+        """Refuse a step no script takes, or a round that reads nothing."""
+        if not 1 <= self.step <= LARGEST_STEP or self.scan < 1:
+            raise RedisDelayError(
+                f"step must be from 1 to {LARGEST_STEP} and scan at least 1, not {self.step} and {self.scan}"
+            )
+
+    def stop_reason(self, done: int, started: float) -> str | None:
+        """Why the action stops before the end of the set, having done ``done`` calls since ``started`` (a
+        ``time.monotonic()``); None while it may go on."""
+        if self.most is not None and done >= self.most:
+            return f"stopped after {done:,} calls (the most one request does); run it again"
+        if self.budget is not None and time.monotonic() - started > self.budget:
+            return f"stopped after {self.budget:.0f} s with {done:,} calls done; run it again"
+        return None
+
+
+class BulkOptions(TypedDict, total=False):
+    """The keywords :func:`act_on_matching` takes: the fields of :class:`BulkRequest`."""
+
+    due_ms: int | None
+    countdown_ms: int | None
+    newest_first: bool
+    step: int
+    scan: int
+    most: int | None
+    budget: float | None
+    lists: tuple[str, ...] | None
+
+
+def act_on_matching(depot: Depot, action: str, found: Filter, **options: Unpack[BulkOptions]) -> BulkReport:
     """Do ``action`` to every call of its state that ``found`` matches, ``step`` calls per script call (a
     ``cancel``: the delayed calls, then those held by their limits, then those waiting on pauses; ``lists`` chooses
-    among the action's).
+    among the action's). The keywords are those of :class:`BulkRequest`, with its defaults.
 
     Each round reads at most ``scan`` entries (and keeps at most ``step`` matching ones), acts on them,
     and moves the read position back over the calls that left the set (or, for a reschedule, moved
@@ -107,39 +140,53 @@ def act_on_matching(  # noqa: C901, PLR0913 - known: to be split
     It stops after ``most`` calls or ``budget`` seconds, saying so in ``stopped``; running it again
     carries on. Calls that change state meanwhile may be skipped, as with any page.
     """
+    request = BulkRequest(**options)
+    lists = _lists_of(action, request.lists)
+    request.check()
+    report = BulkReport(action)
+    action, due_ms = _due_of(depot, action, request)
+    started = time.monotonic()
+    for listed in lists:
+        chunk = min(request.step, request.scan)
+        scanner = scanner_for(depot, listed, None, found, newest_first=request.newest_first, chunk=chunk)
+        while True:
+            picked, last = _pick(depot, scanner, found, report, request.step, request.scan, skip_score=due_ms)
+            if picked:
+                _act(depot, action, scanner, picked, last, report, due_ms, request.newest_first)
+            if scanner.exhausted:
+                break
+            stopped = request.stop_reason(report.done, started)
+            if stopped is not None:
+                report.stopped = stopped
+                return report
+    return report
+
+
+def _lists_of(action: str, lists: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The lists ``action`` goes over: ``lists``, or every one it reaches. An unknown action is refused, and so are
+    lists it does not reach."""
     if action not in ACTION_LISTS:
         raise RedisDelayError(f"unknown action {action!r}; expected one of {', '.join(ACTION_LISTS)}")
     if lists is None:
         lists = ACTION_LISTS[action]
     if not lists or any(listed not in ACTION_LISTS[action] for listed in lists):
         raise RedisDelayError(f"{action} reaches the {' and '.join(ACTION_LISTS[action])} calls, not {lists}")
-    if not 1 <= step <= LARGEST_STEP or scan < 1:
-        raise RedisDelayError(f"step must be from 1 to {LARGEST_STEP} and scan at least 1, not {step} and {scan}")
-    report = BulkReport(action)
-    if action == "reschedule" and countdown_ms is not None:
-        due_ms = server_ms(depot) + countdown_ms
+    return lists
+
+
+def _due_of(depot: Depot, action: str, request: BulkRequest) -> tuple[str, int | None]:
+    """The action a bulk action runs as, and the one due time it moves calls to (None but for a reschedule): a
+    ``run-now`` is a reschedule to the store's now, and a reschedule's countdown counts from the store's now."""
+    due_ms = request.due_ms
+    if action == "reschedule" and request.countdown_ms is not None:
+        due_ms = server_ms(depot) + request.countdown_ms
     if action == "run-now":
         action, due_ms = "reschedule", server_ms(depot)  # one due time for all: each call is moved once
     if action == "reschedule" and due_ms is None:
         raise RedisDelayError("reschedule needs countdown_ms or due_ms")
     if action != "reschedule":
         due_ms = None
-    started = time.monotonic()
-    for listed in lists:
-        scanner = scanner_for(depot, listed, None, found, newest_first=newest_first, chunk=min(step, scan))
-        while True:
-            picked, last = _pick(depot, scanner, found, report, step, scan, skip_score=due_ms)
-            if picked:
-                _act(depot, action, scanner, picked, last, report, due_ms, newest_first)
-            if scanner.exhausted:
-                break
-            if most is not None and report.done >= most:
-                report.stopped = f"stopped after {report.done:,} calls (the most one request does); run it again"
-                return report
-            if budget is not None and time.monotonic() - started > budget:
-                report.stopped = f"stopped after {budget:.0f} s with {report.done:,} calls done; run it again"
-                return report
-    return report
+    return action, due_ms
 
 
 def _pick(

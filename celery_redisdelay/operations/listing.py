@@ -15,7 +15,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import total_ordering
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 from ..errors import RedisDelayError
 from ..store.calls import LISTS as LISTS  # the lists of calls, for the command line and the dashboard
@@ -289,20 +289,52 @@ def scanner_for(
     return Scanner(depot, stores, state, offsets, newest_first=newest_first, chunk=chunk, payloads=payloads)
 
 
-def page(  # noqa: PLR0913 - known: to be split
-    depot: Depot,
-    state: str,
-    *,
-    limit: int = 50,
-    cursor: str | None = None,
-    task: str | None = None,
-    queue: str | None = None,
-    search: str | None = None,
-    newest_first: bool = False,
-    scan: int = 10_000,
-) -> Page:
+@dataclass(frozen=True)
+class PageRequest:
+    """Which page of a list to read: up to ``limit`` calls from ``cursor`` on, of those of ``task``, routed to
+    ``queue`` and whose arguments contain ``search`` (:class:`Filter`; an empty one filters on nothing), oldest first
+    or with ``newest_first`` newest first, reading past at most ``scan`` entries with a filter."""
+
+    limit: int = 50
+    cursor: str | None = None
+    task: str | None = None
+    queue: str | None = None
+    search: str | None = None
+    newest_first: bool = False
+    scan: int = 10_000
+
+    @property
+    def matching(self) -> Filter:
+        """The filter the page keeps its calls by."""
+        return Filter(self.task or None, self.queue or None, self.search or None)
+
+    def check(self) -> None:
+        """Refuse a page that could hold no call, or read no entry."""
+        if self.limit < 1 or self.scan < 1:
+            raise RedisDelayError(f"limit and scan must be at least 1, not {self.limit} and {self.scan}")
+
+    def chunk(self, found: Filter) -> int:
+        """How many entries to read at a time per shard: ``limit``, or with a filter more (up to ``scan``), since
+        reading goes on past the calls it passes over."""
+        return max(self.limit, min(self.scan, FILTER_CHUNK)) if found.active else self.limit
+
+
+class PageOptions(TypedDict, total=False):
+    """The keywords :func:`page` takes: the fields of :class:`PageRequest`."""
+
+    limit: int
+    cursor: str | None
+    task: str | None
+    queue: str | None
+    search: str | None
+    newest_first: bool
+    scan: int
+
+
+def page(depot: Depot, state: str, **options: Unpack[PageOptions]) -> Page:
     """A page of up to ``limit`` calls in ``state``, by score (then id) over all shards, from ``cursor`` on;
-    oldest first, or with ``newest_first`` newest first (its cursors count from the newest).
+    oldest first, or with ``newest_first`` newest first (its cursors count from the newest). The keywords are
+    those of :class:`PageRequest`, with its defaults.
 
     The shards' entries are merged as they are read, ``limit`` at a time per shard: without a filter each
     shard is read once per page. With ``task``, ``queue`` or ``search``, only the calls that match are
@@ -310,21 +342,14 @@ def page(  # noqa: PLR0913 - known: to be split
     resumes there. Offsets move as calls come and go, so a page of a set that changes meanwhile may skip
     or repeat a call.
     """
-    if limit < 1 or scan < 1:
-        raise RedisDelayError(f"limit and scan must be at least 1, not {limit} and {scan}")
-    found = Filter(task or None, queue or None, search or None)
-    chunk = max(limit, min(scan, FILTER_CHUNK)) if found.active else limit
-    scanner = scanner_for(depot, state, cursor, found, newest_first=newest_first, chunk=chunk)
+    request = PageRequest(**options)
+    request.check()
+    found = request.matching
+    scanner = scanner_for(
+        depot, state, request.cursor, found, newest_first=request.newest_first, chunk=request.chunk(found)
+    )
     now = server_ms(depot)
-    calls: list[Entry] = []
-    scanned = 0
-    while len(calls) < limit and (not found.active or scanned < scan):
-        step = scanner.next()
-        if step is None:
-            break
-        scanned += 1
-        if found.matches(depot, step[1]):
-            calls.append(replace(step[1], envelope=None))
+    calls, scanned = _fill(depot, scanner, found, request)
     more = not scanner.exhausted
     return Page(
         state,
@@ -332,6 +357,21 @@ def page(  # noqa: PLR0913 - known: to be split
         now,
         format_cursor(scanner.offsets) if more else None,
         scanned,
-        scan_stopped=found.active and more and len(calls) < limit,
-        order=ORDERS[newest_first],
+        scan_stopped=found.active and more and len(calls) < request.limit,
+        order=ORDERS[request.newest_first],
     )
+
+
+def _fill(depot: Depot, scanner: Scanner, found: Filter, request: PageRequest) -> tuple[list[Entry], int]:
+    """The calls of one page, read from ``scanner`` until it holds ``limit`` of them (with a filter, until ``scan``
+    entries were read), without their payloads; and how many entries were read."""
+    calls: list[Entry] = []
+    scanned = 0
+    while len(calls) < request.limit and (not found.active or scanned < request.scan):
+        step = scanner.next()
+        if step is None:
+            break
+        scanned += 1
+        if found.matches(depot, step[1]):
+            calls.append(replace(step[1], envelope=None))
+    return calls, scanned

@@ -28,6 +28,7 @@ from ..store.depot import depot_of
 from ..worker.probe import RECORD_TTL_SECONDS, heartbeat_names, read_beat
 
 if TYPE_CHECKING:
+    from ..store.calls import CallStore
     from ..store.depot import Depot, HoldsDepot
 
 __all__ = ["SHORTEST_BOUND", "ProbeResult", "probe_file", "probe_worker"]
@@ -70,7 +71,7 @@ def seconds(value: float) -> str:
     return f"{value:.1f} s"
 
 
-def probe_worker(source: Depot | HoldsDepot, worker: str, max_stall: float | None = None) -> ProbeResult:  # noqa: C901 - known: to be split
+def probe_worker(source: Depot | HoldsDepot, worker: str, max_stall: float | None = None) -> ProbeResult:
     """Judge the worker named ``worker`` (its full name, ``celery@host``) by its heartbeat; see the module's doc.
     Raises :class:`~celery_redisdelay.errors.StoreUnavailableError` when the store cannot be read."""
     depot = depot_of(source)
@@ -79,65 +80,123 @@ def probe_worker(source: Depot | HoldsDepot, worker: str, max_stall: float | Non
     store = depot.store
     beat = read_beat(store, worker)
     if beat is None:
-        names, complete = heartbeat_names(store)
-        known = ", ".join(names) if names else "none"
-        if names and not complete:
-            known += ", ..."
-        where = store.registries.heartbeat_key(worker)
-        why = (
-            f"no heartbeat of a worker named {worker} in the store ({where}): no worker of this "
-            f"app has run under that name in the last {RECORD_TTL_SECONDS // 60} minutes, or -n differs from the "
-            f"worker's own; workers with one: {known}"
-        )
-        return _failed(worker, [why], max_stall, None)
-    record, age = beat.record, beat.age
-    shown = {**record, "age": round(age, 3)}
-    try:
-        lease = float(record["lease"])
-        bound = float(max_stall) if max_stall is not None else lease
-        loop = None if record.get("loop") is None else float(record["loop"]) + age
-        renewed = float(record["renewed"]) + age
-        short = float(record["short"])
-        should = [str(name) for name in record["should"]]
-        consumes = [str(name) for name in record["consumes"]]
-    except (KeyError, TypeError, ValueError):
-        return _failed(worker, [f"its heartbeat cannot be read ({record!r})"], max_stall, shown)
-    if record.get("stopping"):
-        return _failed(worker, [f"it is stopping (its last heartbeat, {seconds(age)} ago, said so)"], bound, shown)
+        return _failed(worker, [_unknown(store, worker)], max_stall, None)
+    shown = {**beat.record, "age": round(beat.age, 3)}
+    reading = _Reading.of(beat.record, beat.age, max_stall)
+    if reading is None:
+        return _failed(worker, [f"its heartbeat cannot be read ({beat.record!r})"], max_stall, shown)
+    failures = _failures(reading)
+    if failures:
+        return _failed(worker, failures, reading.bound, shown)
+    return ProbeResult(True, worker, _healthy(worker, reading), (), reading.bound, shown)
+
+
+def _unknown(store: CallStore, worker: str) -> str:
+    """Why a worker without a heartbeat fails, naming the workers that have one (some of them, if many)."""
+    names, complete = heartbeat_names(store)
+    known = ", ".join(names) if names else "none"
+    if names and not complete:
+        known += ", ..."
+    where = store.registries.heartbeat_key(worker)
+    return (
+        f"no heartbeat of a worker named {worker} in the store ({where}): no worker of this "
+        f"app has run under that name in the last {RECORD_TTL_SECONDS // 60} minutes, or -n differs from the "
+        f"worker's own; workers with one: {known}"
+    )
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """A heartbeat's record as the probe judges it: every age (the loop's last turn, the leases' last renewal)
+    counted to the moment of the probe, the bound, and the queues the consumer should and does consume."""
+
+    age: float
+    lease: float
+    bound: float
+    loop: float | None
+    renewed: float
+    short: float
+    should: list[str]
+    consumes: list[str]
+    busy: bool
+    stopping: bool
+
+    @classmethod
+    def of(cls, record: dict[str, Any], age: float, max_stall: float | None) -> _Reading | None:
+        """The reading of ``record``, written ``age`` seconds ago, bound by ``max_stall`` (by default the worker's
+        lease); None when the record lacks a field or holds one of the wrong kind."""
+        try:
+            lease = float(record["lease"])
+            bound = float(max_stall) if max_stall is not None else lease
+            loop = None if record.get("loop") is None else float(record["loop"]) + age
+            renewed = float(record["renewed"]) + age
+            short = float(record["short"])
+            should = [str(name) for name in record["should"]]
+            consumes = [str(name) for name in record["consumes"]]
+        except (KeyError, TypeError, ValueError):
+            return None
+        busy, stopping = bool(record.get("busy")), bool(record.get("stopping"))
+        return cls(age, lease, bound, loop, renewed, short, should, consumes, busy, stopping)
+
+    @property
+    def missing(self) -> list[str]:
+        """The queues the consumer should consume but does not."""
+        return [name for name in self.should if name not in self.consumes]
+
+
+def _failures(reading: _Reading) -> list[str]:
+    """Why the worker fails, each reason a line; none when it passes. A worker that is stopping, or whose heartbeat
+    is older than the bound, fails on that alone: nothing else the record says is known to hold."""
+    bound, age = reading.bound, reading.age
+    if reading.stopping:
+        return [f"it is stopping (its last heartbeat, {seconds(age)} ago, said so)"]
     if age > bound:  # what the record says is that old: nothing else is known
-        why = (
+        return [
             f"its last heartbeat is {seconds(age)} old (bound {seconds(bound)}): its main process is gone, frozen, "
             "or cannot reach Redis"
-        )
-        return _failed(worker, [why], bound, shown)
+        ]
+    return _stalls(reading)
+
+
+def _stalls(reading: _Reading) -> list[str]:
+    """The parts of a live worker stalled for longer than the bound: its event loop (while no run holds it), its
+    consumer (fewer queues than it should), the renewal of its leases (bound by the lease, if longer)."""
+    bound, loop, missing = reading.bound, reading.loop, reading.missing
     failures: list[str] = []
-    if loop is not None and loop > bound and not record.get("busy"):
+    if loop is not None and loop > bound and not reading.busy:
         failures.append(f"its event loop has not turned for {seconds(loop)} (bound {seconds(bound)}): it is stuck")
-    missing = [name for name in should if name not in consumes]
-    if short > 0 and short + age > bound and missing:
+    if reading.short > 0 and reading.short + reading.age > bound and missing:
+        should, consumes = reading.should, reading.consumes
         what = "none of its queues" if not set(should) & set(consumes) else f"not {', '.join(missing)}"
         failures.append(
-            f"it has consumed {what} for {seconds(short + age)} (bound {seconds(bound)}; should: {', '.join(should)})"
+            f"it has consumed {what} for {seconds(reading.short + reading.age)} (bound {seconds(bound)}; "
+            f"should: {', '.join(should)})"
         )
-    renewal_bound = max(bound, lease)
-    if renewed > renewal_bound:
+    renewal_bound = max(bound, reading.lease)
+    if reading.renewed > renewal_bound:
         failures.append(
-            f"its leases were last renewed {seconds(renewed)} ago (bound {seconds(renewal_bound)}): its lease "
+            f"its leases were last renewed {seconds(reading.renewed)} ago (bound {seconds(renewal_bound)}): its lease "
             "thread is gone or cannot reach Redis"
         )
-    if failures:
-        return _failed(worker, failures, bound, shown)
+    return failures
+
+
+def _healthy(worker: str, reading: _Reading) -> str:
+    """The line of a worker that passes: how long ago its loop turned and its leases were renewed, what it consumes."""
+    bound, loop, missing = reading.bound, reading.loop, reading.missing
     if loop is None:
         turns = "its event loop is not watched (no event loop under this pool)"
-    elif record.get("busy") and loop > bound:
+    elif reading.busy and loop > bound:
         turns = f"its event loop runs a call (solo pool) for {seconds(loop)}"
     else:
         turns = f"its event loop turned {seconds(loop)} ago"
-    consuming = f"it consumes {', '.join(consumes) or 'no queue'}"
+    consuming = f"it consumes {', '.join(reading.consumes) or 'no queue'}"
     if missing:
-        consuming += f" (not {', '.join(missing)} for {seconds(short + age)})"
-    line = f"OK {worker}: {turns}, its leases were renewed {seconds(renewed)} ago, {consuming}; bound {seconds(bound)}"
-    return ProbeResult(True, worker, line, (), bound, shown)
+        consuming += f" (not {', '.join(missing)} for {seconds(reading.short + reading.age)})"
+    return (
+        f"OK {worker}: {turns}, its leases were renewed {seconds(reading.renewed)} ago, {consuming}; "
+        f"bound {seconds(bound)}"
+    )
 
 
 def probe_file(path: str | Path, max_age: float, now: float | None = None) -> ProbeResult:

@@ -149,40 +149,66 @@ def broker_errors(producer: Any) -> tuple[type[BaseException], ...]:
     )
 
 
+@dataclass(frozen=True)
+class BrokerRoute:
+    """How a releaser's calls reach the broker, as its app's broker and store have it.
+
+    ``lists``: the broker's queue lists stored messages may go to (None: every call goes through kombu);
+    ``in_script``: the release script pushes them itself (the broker is the store's server); ``unacked``: kombu's
+    unacked hash and index, where the broker is the store's Redis; ``confirms``: whether releases wait for the
+    broker's confirm (an AMQP broker: see :mod:`.confirms`).
+    """
+
+    lists: list[str] | None = None
+    in_script: bool = True
+    unacked: tuple[str, str] | tuple[()] = ()
+    confirms: bool = False
+
+    @classmethod
+    def of(cls, depot: Depot) -> BrokerRoute:
+        """The route of ``depot``'s app: its broker's lists where parked calls are stored as broker messages, pushed
+        by the release script itself (with kombu's unacked keys) where the broker is the store's Redis."""
+        lists = depot.broker_layout.list_keys(depot.app) if depot.wire_format else None
+        return cls(
+            lists,
+            in_script=depot.fast_release,
+            unacked=depot.broker_layout.unacked_keys() if depot.fast_release else (),
+            confirms=depot.amqp_broker,
+        )
+
+
 class Releaser:
-    """Moves due calls from one shard's store to the broker. ``send_task`` is Celery's own (a flushed
+    """Moves due calls from one shard's store to the broker, by ``route``. ``send_task`` is Celery's own (a flushed
     batch is published through it)."""
 
-    def __init__(  # noqa: PLR0913 - known: to be split
+    def __init__(
         self,
         app: Celery,
         store: CallStore,
         settings: Settings,
-        lists: list[str] | None = None,
+        route: BrokerRoute | None = None,
         new_id: Callable[[], str] = uuid,
-        in_script: bool = True,
         send_task: SendTask | None = None,
-        unacked: tuple[str, str] | tuple[()] = (),
-        confirms: bool = False,
     ) -> None:
+        route = route or BrokerRoute()
         self.app = app
         self.store = store
         self.settings = settings
         self.send_task: SendTask = send_task or app.send_task
         # The broker's queue lists stored messages may go to (None: every call goes through kombu);
         # ``in_script``: the release script pushes them itself (the broker is the store's server).
-        self.lists = lists
-        self.in_script = in_script and lists is not None
-        self._wire_lists = frozenset(lists or ())
+        self.lists = route.lists
+        self.in_script = route.in_script and route.lists is not None
+        self._wire_lists = frozenset(route.lists or ())
         #: What the last release script said (the fast path): when to look again, whether a batch group is due.
         self.last_release: Released | None = None
         self.new_id = new_id  # ids of flushed batches: they must belong to this store's shard
         #: kombu's unacked hash and index, where the broker is the store's Redis: a swept call's held delivery
         #: leaves them, so kombu does not restore it too, and a call popped by a worker that died before it
         #: held the call is swept a lease later (sweep.lua).
-        self.unacked = unacked
+        self.unacked = route.unacked
         #: Whether releases wait for the broker's confirm (an AMQP broker: see :mod:`.confirms`).
-        self.confirms = confirms and lists is None
+        self.confirms = route.confirms and route.lists is None
 
     # Each step is one bounded script call and says whether more may be left.
 
@@ -420,17 +446,14 @@ class Releasers:
         made = self._made.get(store.tag)
         if made is None or made.store is not store:
             depot = self.depot
-            lists = depot.broker_layout.list_keys(depot.app) if depot.wire_format else None
+            route = BrokerRoute.of(depot)
             made = Releaser(
                 depot.app,
                 store,
                 depot.settings,
-                lists,
+                route,
                 new_id=lambda: depot.shards.new_id(store),
-                in_script=depot.fast_release,
                 send_task=self.send_task,
-                unacked=depot.broker_layout.unacked_keys() if depot.fast_release else (),
-                confirms=depot.amqp_broker,
             )
             self._made[store.tag] = made
         return made
