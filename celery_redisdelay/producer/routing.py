@@ -13,6 +13,7 @@ from typing import Any
 
 from ..store.depot import Depot
 from .adoption import CELERY_PREFIXES, TRACK_OPTION, AdoptedRules, adoptable, parks_later
+from .binding import Binder
 from .kept import TemplateCache
 from .parking import park_sent
 from .parking_producer import ParkingProducer
@@ -33,7 +34,7 @@ class Router:
         self.templates = templates
         #: Celery's own ``send_task`` of the app, from before the extension's.
         self.celery_send_task = celery_send_task
-        self._signature = inspect.signature(celery_send_task)
+        self._binder = Binder(inspect.signature(celery_send_task))
         #: The names of the extension's tasks, known as they are made (a call to one needs no look-up of the
         #: app's tasks, which would finalize the app).
         self.task_names: set[str] = set()
@@ -69,7 +70,7 @@ class Router:
         ):
             return self.celery_send_task(name, *args, **kwargs)
         task = self.app.tasks.get(name)
-        given = self._signature.bind(name, *args, **kwargs).arguments
+        given = self._binder.arguments(name, *args, **kwargs)
         ours = explicit and isinstance(task, DelayedTask) and task.depot is self.depot
         adopted = adoptable(task)
         call = Call(
