@@ -63,12 +63,23 @@ class PublishRetry(NamedTuple):
         )
 
     @classmethod
+    def deferred(cls, app: Celery, options: Mapping[str, Any]) -> Callable[[], PublishRetry]:
+        """:meth:`of`, worked out when called: :func:`retrying` calls it after a first write failed, so that a call
+        whose write succeeds at once (nearly every one) reads no setting for it."""
+        retry, given = options.get("retry"), options.get("retry_policy")
+        return lambda: cls.of(app, {"retry": retry, "retry_policy": given})
+
+    @classmethod
     def given(cls, envelope: Envelope) -> PublishRetry:
         """The retry Celery gave the publish of the message in ``envelope`` (worked out already)."""
         return cls(envelope.retry, envelope.retry_policy or {})
 
 
-def retrying(retry: PublishRetry, write: Callable[[], T]) -> T:
+#: How a call's store writes are retried: worked out, or deferred (:meth:`PublishRetry.deferred`).
+Retry = PublishRetry | Callable[[], PublishRetry]
+
+
+def retrying(retry: Retry, write: Callable[[], T]) -> T:
     """``write()``, a store call for a call (its store write, the lookup of its key), tried as kombu's
     ``Connection.ensure`` tries Celery's publish: with ``retry``, again while the store is unreachable, up to
     ``max_retries`` times (None: until it answers), after ``interval_start`` seconds, then ``interval_step`` more each
@@ -80,25 +91,32 @@ def retrying(retry: PublishRetry, write: Callable[[], T]) -> T:
     when made from a URL (redis-py's retry is off then; a connection the direct EVALSHA path finds broken is tried
     once more through redis-py's path, see store/evalsha.py), unless ``redisdelay_connection_options`` gives it a
     ``retry``, or it is a cluster client (which retries on its own). Parking or sending a call again under its id
-    is safe: the scripts count it once (see park.lua and send.lua)."""
-    policy = retry.policy
-    max_retries = policy.get("max_retries") if retry.retry else 0
+    is safe: the scripts count it once (see park.lua and send.lua). ``retry`` may be deferred
+    (:meth:`PublishRetry.deferred`): it is worked out after the first write failed."""
+    try:
+        return write()
+    except StoreUnavailableError as exc:
+        failure = exc
+    how = retry if isinstance(retry, PublishRetry) else retry()
+    policy = how.policy
+    max_retries = policy.get("max_retries") if how.retry else 0
     start, step = float(policy.get("interval_start", 1)), float(policy.get("interval_step", 1))
     longest = float(policy.get("interval_max", 1))
     intervals = (min(value, longest) for value in fxrange(start, longest + start, step, repeatlast=True))
     for retries in count():
+        unreachable = isinstance(failure.__cause__, redis.ConnectionError | redis.TimeoutError)
+        if not unreachable or (max_retries is not None and retries >= max_retries):
+            if retries:
+                failure.add_note(f"celery-redisdelay tried {retries + 1} times (the call's retry_policy)")
+            raise failure
+        wait = float(next(intervals))
+        logger.debug("redisdelay: %s; trying again in %.2fs (retry %d of %s)", failure, wait, retries + 1, max_retries)
+        if wait > 0:
+            sleep(wait)
         try:
             return write()
         except StoreUnavailableError as exc:
-            unreachable = isinstance(exc.__cause__, redis.ConnectionError | redis.TimeoutError)
-            if not unreachable or (max_retries is not None and retries >= max_retries):
-                if retries:
-                    exc.add_note(f"celery-redisdelay tried {retries + 1} times (the call's retry_policy)")
-                raise
-            wait = float(next(intervals))
-            logger.debug("redisdelay: %s; trying again in %.2fs (retry %d of %s)", exc, wait, retries + 1, max_retries)
-            if wait > 0:
-                sleep(wait)
+            failure = exc
     raise AssertionError("unreachable")  # count() never ends
 
 
@@ -143,7 +161,7 @@ class Storing:
     kwargs: Any
     due: Due
     limits: Limits
-    retry: PublishRetry
+    retry: Retry
     ignore_result: bool = False
     mode: str = ""
     key: str = ""
@@ -225,7 +243,7 @@ def store_call(
     meta: Limits | CallMeta,
     stored_meta: str | None,
     send_to: str | None,
-    retry: PublishRetry,
+    retry: Retry,
 ) -> tuple[int, str]:
     """Store a call on its home shard: (status, id of the call stored or kept). ``stored_meta`` is ``meta``'s stored
     form when known. A call due now with ``send_to`` (the queue list its broker message goes to, where the broker
@@ -301,7 +319,7 @@ def storing_of(request: CallRequest) -> tuple[Storing, TemplateKey | None, str |
         limits,
         # How Celery would retry this call's publish: its store calls are tried so (the write itself by what Celery
         # hands the parking producer, which is this unless Celery retries the publish itself).
-        PublishRetry.of(app, options),
+        PublishRetry.deferred(app, options),
         ignore_result=request.ignore_result,
         mode=mode,
         key=key,
