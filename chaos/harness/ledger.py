@@ -31,6 +31,7 @@ What each run judges from its ledger stays with it (``chaos/outcome.py``, ``chao
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -196,3 +197,169 @@ def read_events(directory: Path) -> Iterator[list[dict[str, Any]]]:
             except ValueError:
                 continue  # a line cut by a SIGKILL
         yield events
+
+
+# -- the battle's: a redis-server no fault touches ------------------------------------------------------
+
+#: The battle's keys: sends (hash unit -> JSON), starts and ends of runs (lists of JSON), cancels (hash).
+SENT = "sent"
+STARTS = "starts"
+ENDS = "ends"
+CANCELS = "cancels"
+RECEIVED = "received"  # list: messages a worker received (prefetched), before their run
+DONE = "done"  # set: the units that ended at least once
+READY = "ready"  # hash: worker hostname -> wall clock it was ready
+
+
+def send_record(kind: str, due: float, at: float, call_id: str, path: str, *, again: bool = False) -> dict[str, Any]:
+    """A unit's send: its kind, due time, when it was acknowledged, its call id, its path; ``again``: the producer
+    sent it again after an error."""
+    record: dict[str, Any] = {"k": kind, "d": due, "t": at, "id": call_id, "c": path}
+    if again:
+        record["r"] = 1
+    return record
+
+
+def start_record(request: Any, unit: str, began: float, due: float | None = None) -> dict[str, Any]:
+    """A run's start: its unit, when, its worker and process; ``due``: the due time its own message carried."""
+    record = {"u": unit, "t": round(began, 4), "w": str(request.hostname), "p": os.getpid()}
+    if due is not None:
+        record["d"] = due
+    return record
+
+
+def end_record(request: Any, unit: str, began: float, due: float | None = None) -> dict[str, Any]:
+    """A run's end: its unit, its start and end, its worker and process, its delivery (tag, redelivered)."""
+    return {
+        **({} if due is None else {"d": due}),
+        "u": unit,
+        "s": round(began, 4),
+        "e": round(time.time(), 4),
+        "w": str(request.hostname),
+        "p": os.getpid(),
+        "tag": str(getattr(request, "delivery_tag", None) or ""),
+        "rd": bool((request.delivery_info or {}).get("redelivered")),
+    }
+
+
+def receipt_record(unit: str, moment: float, hostname: str) -> str:
+    """A message a worker received, before its run (JSON with spaces, as the battle has always written it)."""
+    return json.dumps({"u": unit, "t": moment, "w": hostname})
+
+
+class RedisLedger:
+    """The battle's ledger on its own redis-server: the producer's and the workers' writes, the runner's reads."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._pending: list[tuple[str, str]] = []  # sends not yet written
+        self._pending_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisLedger:
+        return cls(redis.Redis.from_url(url, **options))
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- the producer's writes ------------------------------------------------------------------------
+
+    def send(self, unit: str, record: dict[str, Any]) -> None:
+        """A send acknowledged to the producer, written at the next :meth:`flush`."""
+        with self._pending_lock:
+            self._pending.append((unit, dumps(record)))
+
+    def flush(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, []
+        for start in range(0, len(pending), CHUNK):
+            self.client.hset(SENT, mapping=dict(pending[start : start + CHUNK]))
+
+    def cancelled(self, unit: str, done: bool) -> None:
+        """A cancel made: whether it took the call before it ran."""
+        self.client.hset(CANCELS, unit, "1" if done else "0")
+
+    # -- the workers' writes --------------------------------------------------------------------------
+
+    def started(self, request: Any, unit: str) -> float:
+        """The start of a run with a body a kill can cut (a sleep): written before the body, on its own."""
+        began = time.time()
+        self.client.rpush(STARTS, dumps(start_record(request, unit, began)))
+        return began
+
+    def ended(self, request: Any, unit: str, began: float) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(ENDS, dumps(end_record(request, unit, began)))
+        pipe.sadd(DONE, unit)
+        pipe.execute()
+
+    def ran(self, request: Any, units: list[str], due: float | None = None) -> None:
+        """The start and the end of runs with no body to be killed in, in one round trip (the ledger's writes
+        are most of the battle's work in a worker): a kill before it leaves the run unrecorded, as a kill
+        before a separate start record would; a kill after it finds the run ended. ``due``: the due time the
+        run's own message carries (a retry's), which the analysis judges it by."""
+        if not units:
+            return
+        began = time.time()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(STARTS, *(dumps(start_record(request, unit, began, due)) for unit in units))
+        pipe.rpush(ENDS, *(dumps(end_record(request, unit, began, due)) for unit in units))
+        pipe.sadd(DONE, *units)
+        pipe.execute()
+
+    def sent_first(self, unit: str, record: dict[str, Any]) -> None:
+        """A send by a worker (a retry): only the first the ledger hears of is kept."""
+        self.client.hsetnx(SENT, unit, dumps(record))
+
+    def received(self, units: list[str], moment: float, hostname: str) -> None:
+        self.client.rpush(RECEIVED, *(receipt_record(unit, moment, hostname) for unit in units))
+
+    def ready(self, hostname: str, moment: float) -> None:
+        self.client.hset(READY, hostname, moment)
+
+    # -- the runner's reads ---------------------------------------------------------------------------
+
+    def done(self) -> int:
+        """How many units ended at least once."""
+        return int(self.client.scard(DONE))
+
+    def receipts(self) -> int:
+        return int(self.client.llen(RECEIVED))
+
+    def expected(self) -> int:
+        """The units sent (every send written first) less those a cancel took before they ran."""
+        self.flush()
+        cancelled = sum(value == b"1" for value in self.client.hvals(CANCELS))
+        return int(self.client.hlen(SENT)) - cancelled
+
+    def sent_not_done(self, units: list[str]) -> int:
+        """How many of ``units`` were sent and never ended."""
+        pipe = self.client.pipeline(transaction=False)
+        for unit in units:
+            pipe.hexists(SENT, unit)
+            pipe.sismember(DONE, unit)
+        found = pipe.execute()
+        return sum(bool(sent) and not done for sent, done in zip(found[::2], found[1::2], strict=True))
+
+    def read(self) -> tuple[dict[str, Any], list[Any], list[Any], dict[str, bool], list[Any]]:
+        """Everything: the sends by unit, the starts, the ends, the cancels by unit, the receipts."""
+        sends = {_text(key): json.loads(value) for key, value in self.client.hscan_iter(SENT, count=5000)}
+        starts = [json.loads(value) for value in _list(self.client, STARTS)]
+        ends = [json.loads(value) for value in _list(self.client, ENDS)]
+        cancels = {_text(key): value == b"1" for key, value in self.client.hgetall(CANCELS).items()}
+        received = [json.loads(value) for value in _list(self.client, RECEIVED)]
+        return sends, starts, ends, cancels, received
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _list(client: redis.Redis, key: str, step: int = 10_000) -> list[Any]:
+    found: list[Any] = []
+    for start in itertools.count(0, step):
+        chunk = client.lrange(key, start, start + step - 1)
+        found += chunk
+        if len(chunk) < step:
+            return found
+    return found
