@@ -1,10 +1,10 @@
 """Why a message was processed twice, or not at all: the workers' event logs matched with the faults.
 
 Every worker process writes a ``start`` and an ``end`` line per run of the validation consumer
-(``chaos.app``): the call id, the message number, the process and its process group (the worker, as
-the runner killed it), and how the run ended (``SUCCESS``: the consumer recorded the message;
-``IGNORED``: it failed on purpose with ``Abandon``; ``FAILURE``: it raised). A run without an ``end``
-was cut short, by a SIGKILL of its worker.
+(``chaos.app``, to the ledger's files: ``chaos/harness/ledger.py``): the call id, the message number, the
+process and its process group (the worker, as the runner killed it), and how the run ended (``SUCCESS``: the
+consumer recorded the message; ``IGNORED``: it failed on purpose with ``Abandon``; ``FAILURE``: it raised). A
+run without an ``end`` was cut short, by a SIGKILL of its worker.
 
 The workers' own logs add what they saw: a receipt of a message, "could not acknowledge call" (the
 package's acknowledgement failed), "Couldn't ack" (Celery's broker acknowledgement failed) and
@@ -21,7 +21,6 @@ found on the harness's timeline (``chaos/harness/attribution.py``), as the battl
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable
@@ -37,6 +36,7 @@ from .cluster import Member
 from .config import CLAIM_TIMEOUT
 from .faults import CLIENT_KILL, REDIS_KILL, REDIS_RESTART, Fault
 from .harness.attribution import CONNECTION_FAULTS, Timeline
+from .harness.ledger import read_events
 
 STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): "  # a Celery log line's timestamp
 #: The package could not acknowledge the call (Redis unreachable): the sweep delivers it again.
@@ -88,13 +88,9 @@ class Run:
 def read_runs(events_dir: Path, run_id: str) -> dict[str, list[Run]]:
     """The runs of validation ``run_id`` per call id, in start order."""
     runs: dict[str, list[Run]] = defaultdict(list)
-    for path in sorted(events_dir.glob("events-*.jsonl")):
+    for events in read_events(events_dir):
         current: Run | None = None
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a line cut by a SIGKILL
+        for event in events:
             if event.get("e") == "start":
                 current = None
                 if event.get("run") != run_id:

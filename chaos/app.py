@@ -22,8 +22,8 @@ Configured from the environment, which ``python -m chaos`` sets for every proces
 ``REDISDELAY_CHAOS_EVENTS``
     A directory: each worker process appends one JSON line per start and end of a run of the
     validation consumer (and of the soak's locked and batched tasks) to ``events-<pid>.jsonl`` there
-    (local files, so a Redis fault cannot lose them). The runner reads them to explain duplicates and
-    missing messages.
+    (local files, so a Redis fault cannot lose them: the ledger's :class:`chaos.harness.ledger.EventLog`).
+    The runner reads them to explain duplicates and missing messages.
 
 The beat tick goes to a queue of its own (``chaos-tick``, consumed by the same workers), as the
 README advises, so ticks do not wait behind the validation's backlog in ``chaos``.
@@ -31,9 +31,7 @@ README advises, so ticks do not wait behind the validation's backlog in ``chaos`
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from typing import Any
 
 from celery import Celery, signals
@@ -67,6 +65,7 @@ from .config import (
     TICK_INTERVAL,
     TICK_QUEUE,
 )
+from .harness.ledger import EventLog
 
 STORE_URL = os.environ.get(ENV_URL, "redis://127.0.0.1:6379/0")
 BROKER_URL = os.environ.get(ENV_BROKER_URL) or STORE_URL
@@ -130,24 +129,6 @@ def batch(key: str, items: list[dict[str, Any]]) -> None:
     """Records every item of the batch as a message of its run (never failing on purpose)."""
     for item in items:
         consume_message(rd.depot, item["run"], int(item["n"]), 0)
-
-
-class EventLog:
-    """Appends JSON lines to ``events-<pid>.jsonl`` in ``directory``; opened lazily in each process."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self._fd: int | None = None
-        self._pid = 0
-
-    def write(self, **event: Any) -> None:
-        pid = os.getpid()
-        if self._fd is None or self._pid != pid:  # a forked pool child gets a file of its own
-            path = os.path.join(self.directory, f"events-{pid}.jsonl")
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            self._pid = pid
-        event.update(t=round(time.time(), 4), pid=pid, pg=os.getpgid(0))
-        os.write(self._fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
 
 
 def messages_of(name: str | None, args: Any) -> tuple[str, list[int]] | None:

@@ -11,16 +11,19 @@ import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from celery_redisdelay.testing import RedisServer
 from chaos.battle.analysis import CELERY_NOW, PARKED, TRACKED, Outcome, quantiles, reason_start
 from chaos.battle.app import units_of
 from chaos.battle.plan import BATCH, CANCEL, KINDS, NOW, SLEEP, WORKER_TERM, Mix, fault_counts, parse_shares, schedule
 from chaos.battle.processes import parse_pools
 from chaos.battle.report import keys_left, rss_judgement, table, verdict
 from chaos.faults import REDIS_KILL, WORKER_KILL
+from chaos.harness.ledger import RedisLedger, send_record
 
 from .conftest import run_module
 
@@ -63,6 +66,36 @@ def test_the_units_a_message_carries() -> None:
     assert units_of("battle.retrying", [5, 2.0, 1], 1) == ["5.1"]
     assert units_of("battle.batch", ["k1", [{"n": 3}, {"n": 4}]], 0) == ["3.0", "4.0"]
     assert units_of("redisdelay.tick", [], 0) == []
+
+
+def test_the_ledger_reads_back_what_the_producer_and_the_workers_wrote(redis_server: RedisServer) -> None:
+    ledger = RedisLedger.from_url(f"{redis_server.url}/13")
+    ledger.client.flushdb()
+    try:
+        ledger.send("1.0", send_record("now", T0, T0 + 0.1, "a", PARKED))
+        ledger.send("2.0", send_record("cancel", T0 + 60, T0 + 0.2, "b", PARKED, again=True))
+        assert ledger.expected() == 2  # every send written first
+        ledger.cancelled("2.0", True)
+        request = SimpleNamespace(hostname="worker0-1@h", delivery_tag="t1", delivery_info={"redelivered": True})
+        began = ledger.started(request, "1.0")
+        ledger.ended(request, "1.0", began)
+        ledger.ran(request, ["3.0", "4.0"], due=T0 + 5)
+        ledger.sent_first("1.1", send_record("retry", T0 + 9, T0 + 1, "a", PARKED))
+        ledger.sent_first("1.1", send_record("retry", T0 + 10, T0 + 2, "a", PARKED))  # only the first is kept
+        ledger.received(["1.0"], T0 + 0.5, "worker0-1@h")
+
+        assert ledger.expected() == 2 and ledger.done() == 3 and ledger.receipts() == 1
+        assert ledger.sent_not_done(["1.0", "2.0", "9.0"]) == 1
+        sends, starts, ends, cancels, received = ledger.read()
+        assert sends["2.0"] == {"k": "cancel", "d": T0 + 60, "t": T0 + 0.2, "id": "b", "c": PARKED, "r": 1}
+        assert sends["1.1"]["d"] == T0 + 9 and "r" not in sends["1.0"] and len(sends) == 3
+        assert [start["u"] for start in starts] == ["1.0", "3.0", "4.0"] and starts[1]["d"] == T0 + 5
+        assert all(end["w"] == "worker0-1@h" and end["tag"] == "t1" and end["rd"] for end in ends)
+        assert cancels == {"2.0": True} and received == [{"u": "1.0", "t": T0 + 0.5, "w": "worker0-1@h"}]
+        assert Outcome(sends, starts, ends, cancels, [], received).as_dict()["exactly_once"] == 1  # 1.1 never ran
+    finally:
+        ledger.client.flushdb()
+        ledger.close()
 
 
 def send(kind: str, due: float, sent: float, path: str, **extra: Any) -> dict[str, Any]:

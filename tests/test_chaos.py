@@ -9,6 +9,7 @@ does."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,8 @@ from redis.retry import Retry
 
 from celery_redisdelay import RedisDelay
 from celery_redisdelay.operations.history import read_history
+from chaos.analysis import read_runs
+from chaos.harness.ledger import EventLog
 from chaos.ledger import CALL, FSYNC_BOUND_SECONDS, Ledger, exposure
 
 from .conftest import run_module
@@ -145,6 +148,24 @@ def test_the_ledger_finds_an_acknowledged_park_that_is_gone(rd: RedisDelay, tmp_
         assert [json.loads(line)["id"] for line in lines] == ids
     finally:
         ledger.close()
+
+
+def test_the_runs_are_read_back_from_the_workers_event_files(tmp_path: Path) -> None:
+    log = EventLog(str(tmp_path))
+    log.write(e="start", id="a", run="r", n=1, items=None)
+    log.write(e="end", id="a", state="SUCCESS", exc=None)
+    log.write(e="start", id="b", run="other", n=2, items=None)  # another validation's
+    log.write(e="end", id="b", state="SUCCESS", exc=None)
+    log.write(e="start", id="c", run="r", n=3, items=[4, 5])  # a batch, cut short
+    with (tmp_path / f"events-{os.getpid()}.jsonl").open("a") as file:
+        file.write('{"e":"end","id":"c","sta')  # a line cut by a SIGKILL
+
+    runs = read_runs(tmp_path, "r")
+
+    assert sorted(runs) == ["a", "c"]
+    (first,), (cut,) = runs["a"], runs["c"]
+    assert first.state == "SUCCESS" and first.recorded and first.pid == os.getpid() and first.ended is not None
+    assert cut.numbers == (3, 4, 5) and cut.state is None and cut.ended is None
 
 
 class LosingReplies(redis.Connection):

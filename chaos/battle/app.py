@@ -3,9 +3,10 @@
 Plain ``@app.task`` tasks, as a project has them; with the extension (unless ``REDISDELAY_BATTLE_PLAIN`` is
 ``1``) the app sets ``redisdelay_all_tasks``, so their delayed calls and ``self.retry(countdown=...)`` are
 parked, and two tasks use what only the extension offers: a keyed batch (``@rd.batched``) and a task under
-a lock (``@rd.delayed(lock=...)``). Each task writes to the ledger, a redis-server of its own that no fault
-touches: the start of every run, and its end (after the body, before Celery acknowledges it); a run with no
-body to be killed in (no sleep) writes both in one round trip, a batch those of all its items.
+a lock (``@rd.delayed(lock=...)``). Each task writes to the ledger (``chaos/harness/ledger.py``), a
+redis-server of its own that no fault touches: the start of every run, and its end (after the body, before
+Celery acknowledges it); a run with no body to be killed in (no sleep) writes both in one round trip, a batch
+those of all its items.
 
 Configured from the environment (``chaos/battle/config.py``): the store's and broker's URL, the ledger's,
 kombu's ``visibility_timeout`` (``redisdelay_queue_timeout`` is twice it), ``redisdelay_lease``,
@@ -14,24 +15,21 @@ kombu's ``visibility_timeout`` (``redisdelay_queue_timeout`` is twice it), ``red
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from datetime import UTC, datetime
 from typing import Any
 
-import redis
 from celery import Celery, signals
 from celery.exceptions import Retry
 from kombu import Exchange, Queue
 
 from celery_redisdelay import RedisDelay
 
+from ..harness.ledger import RedisLedger, send_record
 from .config import (
     BATCH_TASK,
-    DONE,
-    ENDS,
     ENV_ACKS_LATE,
     ENV_BATCH,
     ENV_BROKER_URL,
@@ -47,11 +45,7 @@ from .config import (
     LOCK_TIMEOUT,
     LOCKED_TASK,
     QUEUE,
-    READY,
-    RECEIVED,
     RETRY_TASK,
-    SENT,
-    STARTS,
     TICK_QUEUE,
     WORK_TASK,
 )
@@ -79,60 +73,7 @@ app.conf.update(
 if os.environ.get(ENV_ACKS_LATE) == "1":
     app.conf.update(task_acks_late=True)
 
-ledger = redis.Redis.from_url(LEDGER_URL, socket_timeout=30)
-
-
-def _dumps(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"))
-
-
-def _start_record(request: Any, unit: str, began: float, due: float | None = None) -> dict[str, Any]:
-    record = {"u": unit, "t": round(began, 4), "w": str(request.hostname), "p": os.getpid()}
-    if due is not None:
-        record["d"] = due
-    return record
-
-
-def _end_record(request: Any, unit: str, began: float, due: float | None = None) -> dict[str, Any]:
-    return {
-        **({} if due is None else {"d": due}),
-        "u": unit,
-        "s": round(began, 4),
-        "e": round(time.time(), 4),
-        "w": str(request.hostname),
-        "p": os.getpid(),
-        "tag": str(getattr(request, "delivery_tag", None) or ""),
-        "rd": bool((request.delivery_info or {}).get("redelivered")),
-    }
-
-
-def started(request: Any, unit: str) -> float:
-    """The start of a run with a body a kill can cut (a sleep): written before the body, on its own."""
-    began = time.time()
-    ledger.rpush(STARTS, _dumps(_start_record(request, unit, began)))
-    return began
-
-
-def ended(request: Any, unit: str, began: float) -> None:
-    pipe = ledger.pipeline(transaction=False)
-    pipe.rpush(ENDS, _dumps(_end_record(request, unit, began)))
-    pipe.sadd(DONE, unit)
-    pipe.execute()
-
-
-def ran(request: Any, units: list[str], due: float | None = None) -> None:
-    """The start and the end of runs with no body to be killed in, in one round trip (the ledger's writes
-    are most of the battle's work in a worker): a kill before it leaves the run unrecorded, as a kill
-    before a separate start record would; a kill after it finds the run ended. ``due``: the due time the
-    run's own message carries (a retry's), which the analysis judges it by."""
-    if not units:
-        return
-    began = time.time()
-    pipe = ledger.pipeline(transaction=False)
-    pipe.rpush(STARTS, *(_dumps(_start_record(request, unit, began, due)) for unit in units))
-    pipe.rpush(ENDS, *(_dumps(_end_record(request, unit, began, due)) for unit in units))
-    pipe.sadd(DONE, *units)
-    pipe.execute()
+ledger = RedisLedger.from_url(LEDGER_URL, socket_timeout=30)
 
 
 @app.task(name=WORK_TASK, bind=True)  # type: ignore[untyped-decorator]
@@ -140,11 +81,11 @@ def work(self: Any, n: int, sleep: float = 0.0) -> None:
     """A call: due now or with a countdown, sleeping ``sleep`` seconds or not."""
     unit = f"{n}.0"
     if not sleep:
-        ran(self.request, [unit])
+        ledger.ran(self.request, [unit])
         return
-    began = started(self.request, unit)
+    began = ledger.started(self.request, unit)
     time.sleep(sleep)
-    ended(self.request, unit, began)
+    ledger.ended(self.request, unit, began)
 
 
 @app.task(name=RETRY_TASK, bind=True, max_retries=None)  # type: ignore[untyped-decorator]
@@ -157,7 +98,7 @@ def retrying(self: Any, n: int, countdown: float, retries: int, due: float | Non
     message it came from, not by the send the ledger kept."""
     attempt = int(self.request.retries)
     unit = f"{n}.{attempt}"
-    ran(self.request, [unit], due)
+    ledger.ran(self.request, [unit], due)
     if attempt < retries:
         due = round(time.time() + countdown, 4)
         try:
@@ -165,14 +106,9 @@ def retrying(self: Any, n: int, countdown: float, retries: int, due: float | Non
         except Retry:
             # The retry is sent (parked, or published with its eta): the ledger has its send now. Only the
             # first send the ledger hears of is kept, for the unit's lateness (see above for its earliness).
-            record = {
-                "k": "retry",
-                "d": due,
-                "t": round(time.time(), 4),
-                "id": str(self.request.id),
-                "c": "celery-eta" if PLAIN else "parked",
-            }
-            ledger.hsetnx(SENT, f"{n}.{attempt + 1}", _dumps(record))
+            path = "celery-eta" if PLAIN else "parked"
+            record = send_record("retry", due, round(time.time(), 4), str(self.request.id), path)
+            ledger.sent_first(f"{n}.{attempt + 1}", record)
             raise
 
 
@@ -201,14 +137,14 @@ if not PLAIN:
     def locked(self: Any, n: int, slot: int, sleep: float) -> None:
         """A call under one of a few locks: a call that finds its lock busy is deferred, not run."""
         unit = f"{n}.0"
-        began = started(self.request, unit)
+        began = ledger.started(self.request, unit)
         time.sleep(sleep)
-        ended(self.request, unit, began)
+        ledger.ended(self.request, unit, began)
 
     @extension.batched(name=BATCH_TASK, bind=True, size=int(BATCH_SIZE), max_wait=BATCH_MAX_WAIT)
     def batch(self: Any, key: str, items: list[dict[str, Any]]) -> None:
         """A keyed batch: every item is a unit of the ledger."""
-        ran(self.request, [f"{int(item['n'])}.0" for item in items])
+        ledger.ran(self.request, [f"{int(item['n'])}.0" for item in items])
 
 
 def units_of(name: str | None, args: Any, retries: int) -> list[str]:
@@ -233,7 +169,7 @@ def _received(request: Any = None, **_: Any) -> None:
         return
     if units:
         moment, hostname = round(time.time(), 4), str(getattr(request, "hostname", ""))
-        ledger.rpush(RECEIVED, *(json.dumps({"u": unit, "t": moment, "w": hostname}) for unit in units))
+        ledger.received(units, moment, hostname)
 
 
 def _quiet(**_: Any) -> None:
@@ -245,7 +181,7 @@ def _quiet(**_: Any) -> None:
 def _ready(sender: Any = None, **_: Any) -> None:
     hostname = getattr(sender, "hostname", None)
     if hostname:
-        ledger.hset(READY, str(hostname), round(time.time(), 4))
+        ledger.ready(str(hostname), round(time.time(), 4))
 
 
 signals.after_setup_logger.connect(_quiet, weak=False)

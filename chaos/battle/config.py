@@ -36,15 +36,6 @@ RETRY_TASK = "battle.retrying"
 LOCKED_TASK = "battle.locked"
 BATCH_TASK = "battle.batch"
 
-#: The ledger's keys: sends (hash unit -> JSON), starts and ends of runs (lists of JSON), cancels (hash).
-SENT = "sent"
-STARTS = "starts"
-ENDS = "ends"
-CANCELS = "cancels"
-RECEIVED = "received"  # list: messages a worker received (prefetched), before their run
-DONE = "done"  # set: the units that ended at least once
-READY = "ready"  # hash: worker hostname -> wall clock it was ready
-
 #: Locks the locked calls spread over. At 4 % of 300 calls/s, four locks got 3 calls/s each (0.175 s runs): more
 #: than a lock serves when each handoff goes through the broker to a prefetching worker (about 2.4/s here), so
 #: their lines grew without end. Sixteen get 0.75/s each, and still queue up behind a killed holder.

@@ -20,13 +20,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import redis
-
 from celery_redisdelay.testing import CeleryProcess, RedisServer, worker
 
 from ..cluster import ROOT
+from ..harness.ledger import RedisLedger
 from .config import (
-    DONE,
     ENV_BATCH,
     ENV_LEASE,
     ENV_LEDGER_URL,
@@ -34,7 +32,6 @@ from .config import (
     ENV_URL,
     ENV_VISIBILITY,
     QUEUE,
-    RECEIVED,
     TICK_QUEUE,
 )
 
@@ -81,7 +78,7 @@ def main() -> int:
         os.environ.update(env)
         from . import app as battle  # builds the app from the environment
 
-        ledger = redis.Redis.from_url(env[ENV_LEDGER_URL])
+        ledger = RedisLedger.from_url(env[ENV_LEDGER_URL])
         pool = worker(
             APP, concurrency=1, pool="prefork", queues=f"{QUEUE},{TICK_QUEUE}", env=env, cwd=str(ROOT), extra=[]
         )
@@ -94,11 +91,11 @@ def main() -> int:
         counter = iter(range(10**9))
 
         def phase(name: str, count: int, send: Callable[[int], object], units: int = 1) -> None:
-            target = int(ledger.scard(DONE)) + count * units
+            target = ledger.done() + count * units
             began = time.monotonic()
             for _ in range(count):
                 send(next(counter))
-            if not until(lambda: int(ledger.scard(DONE)) >= target, PHASE_SECONDS):
+            if not until(lambda: ledger.done() >= target, PHASE_SECONDS):
                 print(f"{name}: not all ran within {PHASE_SECONDS:g}s", flush=True)
             print(f"{name:<9} {count:>5} calls in {time.monotonic() - began:4.0f}s: {rss_mib(child)} MiB", flush=True)
 
@@ -117,13 +114,13 @@ def main() -> int:
             phase(name, count, send, units)
             phase(name, count, send, units)
         assert battle.rd is not None
-        receipts = int(ledger.llen(RECEIVED))
+        receipts = ledger.receipts()
         with battle.rd.lock("battle:0", timeout=600):
             for _ in range(200):
                 battle.locked.apply_async((next(counter), 0, 0.0))
             for _ in range(2):
                 time.sleep(DEFER_SECONDS)  # the calls come back behind the lock every lock_retry seconds
-                deferred = int(ledger.llen(RECEIVED)) - receipts
+                deferred = ledger.receipts() - receipts
                 print(f"deferred  {deferred:>5} deliveries: {rss_mib(child)} MiB", flush=True)
         phase("now", 3000, now)
         return 0

@@ -7,15 +7,14 @@ threads of the runner, sending at ``--rate`` calls a second in all, as an applic
 ``add`` for a batch item, ``rd.cancel`` (``revoke`` with plain Celery) for a cancel. A send that raises (Redis
 down) is made again with the same task id, as a careful application would, and noted: a call due now sent
 twice after an error whose first send went through runs twice, and the report says so. The pace, the sends
-made again and the drain are the harness's (``chaos/harness/``), as the validation's runner's are.
+made again, the drain and the ledger's records are the harness's (``chaos/harness/``), as the validation's
+runner's are.
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
-import itertools
-import json
 import os
 import threading
 import time
@@ -32,15 +31,13 @@ from celery_redisdelay.testing import RedisServer
 
 from ..faults import Clock, Fault
 from ..harness.console import say
+from ..harness.ledger import RedisLedger, send_record
 from ..harness.sending import Resender, paced, run_producers
 from ..harness.settle import SETTLED, Level, drain, redis_broker_idle, store_idle
 from ..measure import children_of, inventory, rss_kib
 from ..topology import Standalone, StoreAndRabbit
 from .analysis import CELERY_ETA, CELERY_NOW, PARKED, TRACKED, WORKER_LOST
 from .config import (
-    CANCELS,
-    DONE,
-    ENDS,
     ENV_ACKS_LATE,
     ENV_BATCH,
     ENV_BROKER_URL,
@@ -52,9 +49,6 @@ from .config import (
     ENV_URL,
     ENV_VISIBILITY,
     QUEUE,
-    RECEIVED,
-    SENT,
-    STARTS,
 )
 from .plan import BATCH, CANCEL, LOCK, RETRY, SLEEP, Call, Mix
 from .processes import BattleCluster, BattleInjector
@@ -97,9 +91,8 @@ class Battle:
         self.cluster: BattleCluster | None = None
         self.injector: BattleInjector | None = None
         self.app: ModuleType | None = None
-        self.ledger: redis.Redis | None = None
-        self._pending: list[tuple[str, str]] = []  # sends not yet written to the ledger
-        self._pending_lock = threading.Lock()
+        self.ledger: RedisLedger | None = None
+        self._sent_lock = threading.Lock()
         self._cancels: list[tuple[float, int, str, str]] = []  # (when, n, unit, task id)
         self._cancels_lock = threading.Lock()
         self._numbers: dict[str, int] = {}  # task id -> its call's number (a retry keeps its call's id)
@@ -141,7 +134,7 @@ class Battle:
         if self.topology.store_url != battle_app.URL:
             raise RuntimeError("chaos.battle.app was imported before the runner set its environment")
         self.app = battle_app
-        self.ledger = redis.Redis.from_url(env[ENV_LEDGER_URL], socket_timeout=60)
+        self.ledger = RedisLedger.from_url(env[ENV_LEDGER_URL], socket_timeout=60)
         self.cluster = BattleCluster(env, self.run_dir, say, self.pools)
         roles = [("worker", slot) for slot in range(len(self.pools))]
         if not self.plain:
@@ -192,8 +185,8 @@ class Battle:
         return TRACKED if self.args.track_due_now else CELERY_NOW
 
     def send(self, call: Call) -> None:
-        app = self.app
-        assert app is not None
+        app, ledger = self.app, self.ledger
+        assert app is not None and ledger is not None
         began = time.time()
         task_id = str(uuid4())
         due = began + call.countdown
@@ -214,11 +207,9 @@ class Battle:
         _, retried = self.resender.until_taken(attempt, call.n)
         acknowledged = time.time()
         unit = f"{call.n}.0"
-        record = {"k": call.kind, "d": round(due, 4), "t": round(acknowledged, 4), "id": task_id, "c": self.path(call)}
-        if retried:
-            record["r"] = 1
-        with self._pending_lock:
-            self._pending.append((unit, json.dumps(record, separators=(",", ":"))))
+        record = send_record(call.kind, round(due, 4), round(acknowledged, 4), task_id, self.path(call), again=retried)
+        with self._sent_lock:
+            ledger.send(unit, record)
             self._numbers[task_id] = call.n
             self.sent += 1
         if call.kind == CANCEL:
@@ -235,10 +226,7 @@ class Battle:
 
     def flush(self) -> None:
         assert self.ledger is not None
-        with self._pending_lock:
-            pending, self._pending = self._pending, []
-        for start in range(0, len(pending), 1000):
-            self.ledger.hset(SENT, mapping=dict(pending[start : start + 1000]))
+        self.ledger.flush()
 
     def flusher(self) -> None:
         while not self.stopping.wait(FLUSH_SECONDS):
@@ -259,7 +247,7 @@ class Battle:
                 time.sleep(0.02)
                 continue
             _, n, unit, task_id = due
-            ledger.hset(CANCELS, unit, "1" if self.cancel(app, task_id, n) else "0")
+            ledger.cancelled(unit, self.cancel(app, task_id, n))
 
     def cancel(self, app: ModuleType, task_id: str, n: int) -> bool:
         """``rd.cancel``; with plain Celery, ``revoke`` (asked: no worker that hears it runs the call)."""
@@ -312,7 +300,7 @@ class Battle:
                 row["parked"] = int(stats["delayed"])
                 row["inflight"] = int(stats["inflight"])
             if self.ledger is not None:
-                row["done"] = int(self.ledger.scard(DONE))
+                row["done"] = self.ledger.done()
         except redis.RedisError as exc:
             row["error"] = repr(exc)[:100]
         except Exception as exc:  # noqa: BLE001 - the extension's errors while Redis restarts
@@ -383,7 +371,7 @@ class Battle:
     def done(self) -> int:
         assert self.ledger is not None
         try:
-            return int(self.ledger.scard(DONE))
+            return self.ledger.done()
         except redis.RedisError:
             return -1
 
@@ -440,9 +428,7 @@ class Battle:
 
     def expected(self) -> int:
         assert self.ledger is not None
-        self.flush()
-        cancelled = sum(value == b"1" for value in self.ledger.hvals(CANCELS))
-        return int(self.ledger.hlen(SENT)) - cancelled
+        return self.ledger.expected()
 
     def drain(self) -> str:
         """Wait until every unit expected has run (or is a dead letter of a run cut short with its worker, which
@@ -499,12 +485,7 @@ class Battle:
         units = [f"{n}.{attempt}" for n in numbers if n is not None for attempt in (0, 1)]  # a retry's two attempts
         if not units:
             return 0
-        pipe = self.ledger.pipeline(transaction=False)
-        for unit in units:
-            pipe.hexists(SENT, unit)
-            pipe.sismember(DONE, unit)
-        found = pipe.execute()
-        return sum(bool(sent) and not done for sent, done in zip(found[::2], found[1::2], strict=True))
+        return self.ledger.sent_not_done(units)
 
     def purge_worker_lost(self, letters: list[dict[str, Any]]) -> int:
         """Purge the dead letters of runs cut short with their worker, once read (the analysis judges each), so
@@ -522,23 +503,4 @@ class Battle:
 
     def read_ledger(self) -> tuple[dict[str, Any], list[Any], list[Any], dict[str, bool], list[Any]]:
         assert self.ledger is not None
-        sends = {_text(key): json.loads(value) for key, value in self.ledger.hscan_iter(SENT, count=5000)}
-        starts = [json.loads(value) for value in _list(self.ledger, STARTS)]
-        ends = [json.loads(value) for value in _list(self.ledger, ENDS)]
-        cancels = {_text(key): value == b"1" for key, value in self.ledger.hgetall(CANCELS).items()}
-        received = [json.loads(value) for value in _list(self.ledger, RECEIVED)]
-        return sends, starts, ends, cancels, received
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _list(client: redis.Redis, key: str, step: int = 10_000) -> list[Any]:
-    found: list[Any] = []
-    for start in itertools.count(0, step):
-        chunk = client.lrange(key, start, start + step - 1)
-        found += chunk
-        if len(chunk) < step:
-            return found
-    return found
+        return self.ledger.read()

@@ -5,6 +5,10 @@ Each module is one concern the two share, with the difference between them a par
 
 * :mod:`chaos.harness.console`: the lines a run says as it goes, timed from its start;
 * :mod:`chaos.harness.lifecycle`: a run's seed and directory, SIGTERM made an exit, a failure reported;
+* :mod:`chaos.harness.ledger`: what the producer was told was stored, the runs the workers made and the
+  messages they received, as records written the moment they happen where no fault reaches (a file of the
+  runner and a file per worker process for the validation, whose faults kill the store's Redis; a redis-server
+  of its own for the battle), and read back;
 * :mod:`chaos.harness.sending`: the producers' pace, and a send made again until Redis takes it, each
   refusal noted (what the ledger records as sent, and as sent twice);
 * :mod:`chaos.harness.settle`: whether anything is left that could deliver a call, and the drain that
