@@ -167,9 +167,11 @@ def test_a_rate_holds_for_the_fleet(limited: PoolRun) -> None:
     park_from_threads([lambda n=n: task.delay(key, n) for n in range(count)])
     noted = runs(limited, key, count, timeout=60)
     starts = [note["start"] for note in noted]
-    # The limit spaces the releases; a run may start a little late (a loaded machine), which can put one more start in
-    # a second's window (22 of 160 in a CI run). Over five seconds that jitter is one start or two at most.
-    assert most_in_a_window(starts, 5000) <= 102, sorted(starts)
+    # The limit spaces the releases; a run may start a little late (a loaded machine), and the starts that waited
+    # then bunch up, which puts more starts in a window than releases (22 of 160 in a second in one CI run, 103 in
+    # five seconds in another). The bound allows a quarter of a second of such delay (5 starts at 20/s); without the
+    # limit the 160 calls start within about a second.
+    assert most_in_a_window(starts, 5000) <= 105, sorted(starts)
     assert len({note["id"] for note in noted}) == count
     rate = (count - 1) / (max(starts) - min(starts)) * 1000
     print(f"rate 20/s: {rate:.1f} calls/s over {count} calls")  # the bench measures it; a test never asserts time
