@@ -9,6 +9,7 @@ Configured from the environment the test sets: ``REDISDELAY_TEST_URL`` (a redis:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -55,6 +56,17 @@ if os.environ.get("REDISDELAY_TEST_QUEUE_TIMEOUT"):
     app.conf.redisdelay_queue_timeout = float(os.environ["REDISDELAY_TEST_QUEUE_TIMEOUT"])
 rd = RedisDelay(app)
 marks = redis.Redis.from_url(f"{URL}/2")
+
+# The extension's own lines (a delivery dropped as stale, a call held back or given back) in the workers' output, beside
+# Celery's: a test that fails prints it. Once a process (the tests import this module again for each setup).
+_ours = logging.getLogger("celery_redisdelay")
+if not any(getattr(handler, "rabbit_proj", False) for handler in _ours.handlers):
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s/%(processName)s] %(name)s: %(message)s"))
+    _handler.rabbit_proj = True  # type: ignore[attr-defined]
+    _ours.addHandler(_handler)
+    _ours.setLevel(logging.INFO)
+    _ours.propagate = False
 
 
 def server_ms() -> int:

@@ -277,6 +277,23 @@ def test_unclaim_gives_calls_back_without_counting_the_delivery(rd: RedisDelay, 
     assert sorted((c.id, c.deliveries) for c in store.claim(10, LONG_MS)) == [("a", 1), ("b", 1)]
 
 
+def test_a_claim_that_ran_out_leaves_the_next_claim_alone(rd: RedisDelay) -> None:
+    """A releaser whose claim ran out (the sweep put the call back, another releaser claimed it again) confirms or gives
+    back only its own claim: confirming the other's would say a publish that may still fail went out (the call would
+    then wait its queue timeout); giving it back would let a third releaser publish what the second is publishing."""
+    store = rd.store
+    store.park("call", ENVELOPE, {}, countdown_ms=0)
+    first = claim_one(rd, claim_timeout_ms=SHORT_MS)
+    sweep_until(rd, (1, 0))
+    second = claim_one(rd)
+    assert (first.deliveries, second.deliveries) == (1, 2)
+    assert store.confirm([first], LONG_MS) == 0
+    assert store.unclaim([first]) == 0
+    assert (entry(rd, "call").meta["s"], entry(rd, "call").meta["d"]) == ("claimed", 2)
+    assert store.confirm([second], LONG_MS) == 1
+    assert entry(rd, "call").meta["s"] == "queued"
+
+
 # -- dead letters: requeue and cancel --------------------------------------------------------------
 
 

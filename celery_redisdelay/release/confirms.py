@@ -13,7 +13,8 @@ On an AMQP broker the release therefore publishes on a connection of its own wit
   allowed, too large) is dead-lettered with the broker's reason, and the release of the others goes on, on a
   new channel where the refusal closed the old one;
 - anything else the broker says (a ``nack``, a closed connection, a publish blocked past its confirm timeout,
-  half the claim timeout) is the broker failing: the calls not yet published go back to the store
+  half the claim timeout, or less as the claim nears its end: see :meth:`~.releaser.Releaser._time_left`) is the
+  broker failing: the calls not yet published go back to the store
   (:class:`~.releaser.Releaser`). The call whose confirm never came counts as delivered: the broker may hold it
   (a memory alarm blocks a publish, it does not refuse it), and another releaser must not publish it again as the
   same delivery once the claim times out; should it be lost (a restart), the sweep delivers it again within a

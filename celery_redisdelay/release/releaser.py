@@ -229,12 +229,14 @@ class Releaser:
         # Redis, and claims the rest for publishing here; calls under limits wait in it on every path.
         queue_ms = round(self.settings.queue_timeout * 1000)
         lists = self.lists if self.in_script and self.lists is not None else []
+        # The claims end claim_timeout after the script ran: after this moment, so never sooner than this says.
+        claim_ends = time.monotonic() + self.settings.claim_timeout
         self.last_release = self.store.release(batch, claim_ms, queue_ms, lists)
         claimed, examined, pushed = self.last_release[:3]
         report.released += pushed
         report.dead += examined - pushed - len(claimed)  # due ids without payload, buried by the script
         if claimed:
-            report.released += self._publish_batch(claimed, report)
+            report.released += self._publish_batch(claimed, report, claim_ends)
         return examined >= batch
 
     def flush_step(self, report: TickReport) -> bool:
@@ -278,9 +280,10 @@ class Releaser:
         pushed = [call.id for (call, _), reply in zip(calls, replies, strict=True) if not isinstance(reply, Exception)]
         return pushed, refusals[0] if refusals else None
 
-    def _publish_batch(self, claimed: list[Claimed], report: TickReport) -> int:
+    def _publish_batch(self, claimed: list[Claimed], report: TickReport, claim_ends: float) -> int:
         """Publish claimed calls: through kombu one by one, then those stored as broker messages in one
-        pipeline. A bad entry is dead-lettered; a broker failure gives back what was not published."""
+        pipeline. A bad entry is dead-lettered; a broker failure gives back what was not published, and so does a
+        claim that runs short (:meth:`_time_left`)."""
         pushable = [(call, message) for call in claimed if (message := self._pushable(call)) is not None]
         pushed_ids = {call.id for call, _ in pushable}
         through_kombu = [call for call in claimed if call.id not in pushed_ids]
@@ -289,15 +292,17 @@ class Releaser:
         handled: set[str] = set()  # published or dead-lettered
         try:
             if through_kombu and self.confirms:
-                self._publish_confirmed(through_kombu, report, published, handled, doubtful)
+                self._publish_confirmed(through_kombu, report, published, handled, doubtful, claim_ends)
                 through_kombu = []
             with self.app.producer_or_acquire() as producer:
                 fatal = broker_errors(producer)
                 for call in through_kombu:
+                    if self._time_left(claim_ends) <= 0:
+                        break
                     if self._publish_or_bury(producer, fatal, call, report):
                         published.append(call.id)
                     handled.add(call.id)
-                if pushable:
+                if pushable and self._time_left(claim_ends) > 0:
                     try:
                         pushed, refusal = self._push(producer, pushable)
                     except RedisError as exc:
@@ -309,38 +314,68 @@ class Releaser:
         except Exception:
             # The broker (or Redis) failed: what was not published goes back now rather than after the
             # claim timeout. If Redis itself is gone, the sweep returns it later.
-            pending = [call.id for call in claimed if call.id not in handled]
-            try:
-                self.store.unclaim(pending)
-            except Exception:  # noqa: BLE001 - the original error is the one to report
-                logger.warning("redisdelay: could not give back %d unpublished calls", len(pending))
+            self._give_back(claimed, handled)
             raise
         finally:
-            self._confirm(published, doubtful)
+            self._confirm(claimed, published, doubtful)
+        if len(handled) < len(claimed):
+            short = self._give_back(claimed, handled)
+            logger.warning("redisdelay: %d calls given back: their claim ran short (a slow broker?)", short)
         return len(published) + len(doubtful)
 
-    def _confirm(self, published: list[str], doubtful: list[str]) -> None:
+    def _time_left(self, claim_ends: float) -> float:
+        """How long a publish may still wait for the broker before the claim it publishes ends, keeping a quarter of
+        the claim timeout for recording the outcome. A claim that ran out puts the call back for another releaser,
+        which delivers it again while this one's copy may still be in the broker (a first delivery is not checked
+        against the store: both would run). So no call is published whose claim could run out before then."""
+        return claim_ends - time.monotonic() - self.settings.claim_timeout / 4
+
+    def _give_back(self, claimed: list[Claimed], handled: set[str]) -> int:
+        """Give back the claimed calls not in ``handled`` (under their own claims only); how many there were."""
+        pending = [call for call in claimed if call.id not in handled]
+        try:
+            self.store.unclaim(pending)
+        except Exception:  # noqa: BLE001 - the caller's error, if any, is the one to report
+            logger.warning("redisdelay: could not give back %d unpublished calls", len(pending))
+        return len(pending)
+
+    def _confirm(self, claimed: list[Claimed], published: list[str], doubtful: list[str]) -> None:
         """The calls published wait in the broker up to the queue timeout; those in doubt up to a lease: should the
         broker have lost one (a restart), it is delivered again within a lease, while one the broker kept is held by
-        the worker that received it by then, under its own lease, and the sweep leaves it alone."""
+        the worker that received it by then, under its own lease, and the sweep leaves it alone. Each under its own
+        claim: one that ran out, claimed again by another releaser since, is the other's to confirm."""
+        queue_timeout_ms = round(self.settings.queue_timeout * 1000)
         if published:
-            self.store.confirm(published, round(self.settings.queue_timeout * 1000))
+            chosen = set(published)
+            self.store.confirm([call for call in claimed if call.id in chosen], queue_timeout_ms)
         if doubtful:
-            queue_timeout_ms = round(self.settings.queue_timeout * 1000)
-            self.store.confirm(doubtful, queue_timeout_ms, longest_ms=round(self.settings.lease * 1000))
+            chosen = set(doubtful)
+            in_doubt = [call for call in claimed if call.id in chosen]
+            self.store.confirm(in_doubt, queue_timeout_ms, longest_ms=round(self.settings.lease * 1000))
 
     def _publish_confirmed(
-        self, calls: list[Claimed], report: TickReport, published: list[str], handled: set[str], doubtful: list[str]
+        self,
+        calls: list[Claimed],
+        report: TickReport,
+        published: list[str],
+        handled: set[str],
+        doubtful: list[str],
+        claim_ends: float,
     ) -> None:
         """Publish ``calls`` to an AMQP broker, each confirmed by it (:mod:`.confirms`). A call it refuses, or a bad
         entry, is dead-lettered and the others go on; a broker failure is raised. A call whose outcome the failure
         left unknown (the broker may have taken it) goes in ``doubtful``: it counts as published, with a lease's
         deadline rather than the queue timeout, so that should the broker have lost it (a restart), the sweep
         delivers it again within a lease, as a later delivery; sent again now as the same delivery, both copies
-        could run."""
+        could run. Each waits for its confirm no longer than its claim allows (:meth:`_time_left`); the calls whose
+        claim runs short are left unhandled, for the caller to give back."""
         with ConfirmingPublisher(self.app, self.settings.claim_timeout / 2) as publisher:
             fatal = broker_errors(publisher.producer)
             for call in calls:
+                left = self._time_left(claim_ends)
+                if left <= 0:
+                    return  # the rest go back (_publish_batch)
+                publisher.producer.confirm_timeout = min(self.settings.claim_timeout / 2, left)
                 try:
                     publish_call(
                         self.app,

@@ -34,6 +34,16 @@ class Released(NamedTuple):
     batch_due: bool
 
 
+def _claims(calls: Sequence[str | Claimed]) -> list[str | int]:
+    """Each call as (id, delivery) for confirm.lua and unclaim.lua: a :class:`Claimed` names the delivery its claim
+    made, so that a releaser whose claim ran out (the call swept and claimed again by another) leaves the new claim
+    alone; a bare id (0) acts on whichever claim the call is under."""
+    flat: list[str | int] = []
+    for call in calls:
+        flat.extend((call.id, call.deliveries) if isinstance(call, Claimed) else (call, 0))
+    return flat
+
+
 def _claimed(flat: Sequence[Any]) -> list[Claimed]:
     """The calls of a claim or release reply: (id, payload, deliveries, list) each."""
     return [Claimed(text(flat[i]), flat[i + 1], int(flat[i + 2]), text(flat[i + 3])) for i in range(0, len(flat), 4)]
@@ -61,14 +71,17 @@ class Releasing(StoreBase):
         upcoming = int(float(next_due)) if next_due not in (b"", "", None) else None
         return Released(_claimed(flat), int(examined), int(pushed), int(now), upcoming, bool(int(batch_due)))
 
-    def confirm(self, call_ids: Sequence[str], queue_timeout_ms: int, longest_ms: int = 0) -> int:
-        """The broker has the claimed ``call_ids``: each waits in its queue up to its queue timeout (its own, else
-        ``queue_timeout_ms``), and no longer than ``longest_ms`` when given (a publish in doubt)."""
-        if not call_ids:
+    def confirm(self, calls: Sequence[str | Claimed], queue_timeout_ms: int, longest_ms: int = 0) -> int:
+        """The broker has the claimed ``calls`` (ids, or the :class:`Claimed` themselves: then only while under that
+        claim): each waits in its queue up to its queue timeout (its own, else ``queue_timeout_ms``), and no longer
+        than ``longest_ms`` when given (a publish in doubt). How many were confirmed."""
+        if not calls:
             return 0
-        return int(self._run("confirm", [queue_timeout_ms, longest_ms, *call_ids], "confirm published calls"))
+        return int(self._run("confirm", [queue_timeout_ms, longest_ms, *_claims(calls)], "confirm published calls"))
 
-    def unclaim(self, call_ids: Sequence[str]) -> int:
-        if not call_ids:
+    def unclaim(self, calls: Sequence[str | Claimed]) -> int:
+        """Give back claimed ``calls`` that were not published (ids, or the :class:`Claimed` themselves: then only
+        while under that claim), due at once, their delivery not counted. How many went back."""
+        if not calls:
             return 0
-        return int(self._run("unclaim", list(call_ids), "give back unpublished calls"))
+        return int(self._run("unclaim", _claims(calls), "give back unpublished calls"))
