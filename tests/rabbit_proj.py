@@ -8,9 +8,11 @@ Configured from the environment the test sets: ``REDISDELAY_TEST_URL`` (a redis:
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import os
+import signal
 import time
 from typing import Any
 
@@ -56,6 +58,10 @@ if os.environ.get("REDISDELAY_TEST_QUEUE_TIMEOUT"):
     app.conf.redisdelay_queue_timeout = float(os.environ["REDISDELAY_TEST_QUEUE_TIMEOUT"])
 rd = RedisDelay(app)
 marks = redis.Redis.from_url(f"{URL}/2")
+
+# A test that times out sends SIGUSR2 to the worker and its pool processes (RabbitSetup.dump_stacks): each writes the
+# stack of every thread to its stderr, the worker's output, so that a run stuck somewhere says where.
+faulthandler.register(signal.SIGUSR2, all_threads=True)
 
 # The extension's own lines (a delivery dropped as stale, a call held back or given back) in the workers' output, beside
 # Celery's: a test that fails prints it. Once a process (the tests import this module again for each setup).

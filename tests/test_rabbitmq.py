@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -110,8 +111,27 @@ class RabbitSetup:
         return [json.loads(entry) for entry in self.marks.lrange(key, 0, -1)]
 
     def wait_runs(self, key: str, count: int, timeout: float = 30) -> list[dict[str, Any]]:
-        wait_for(lambda: len(self.runs(key)) >= count, timeout, f"{count} run(s) on {key}")
+        try:
+            wait_for(lambda: len(self.runs(key)) >= count, timeout, f"{count} run(s) on {key}")
+        except TimeoutError:
+            self.dump_stacks()
+            raise
         return self.runs(key)
+
+    def dump_stacks(self) -> None:
+        """Each live worker and its pool processes write every thread's stack to the worker's output (SIGUSR2, see
+        tests/rabbit_proj.py): a run that never ended says where it is stuck (a retried call's run once never
+        logged anything in a CI run; the logs alone could not tell)."""
+        signalled = 0
+        for process in self.workers:
+            if process.process is None or process.process.poll() is not None:
+                continue
+            for pid in [process.pid, *descendants(process.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR2)
+                    signalled += 1
+        with contextlib.suppress(TimeoutError):
+            wait_for(lambda: self.logs().count("most recent call first") >= signalled, 5, "the stacks")
 
     def logs(self) -> str:
         return "\n".join(process.output()[-4000:] for process in self.workers)
@@ -125,6 +145,25 @@ class RabbitSetup:
             process.stop()
             process.remove_files()
         self.marks.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (a worker's pool processes), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def tick_released_all(proj: Any) -> bool:
@@ -687,3 +726,4 @@ def test_a_claim_that_runs_short_is_never_published_twice(
     # 2.0 s: the slow releaser published it, its confirm's wait cut short to what its claim had left; 2.6 s: it had
     # too little left to publish, gave the call back (without an error), and the other releaser published it
     assert len(failures) == (1 if connecting == 2.0 else 0), failures
+
