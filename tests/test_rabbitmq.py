@@ -726,4 +726,3 @@ def test_a_claim_that_runs_short_is_never_published_twice(
     # 2.0 s: the slow releaser published it, its confirm's wait cut short to what its claim had left; 2.6 s: it had
     # too little left to publish, gave the call back (without an error), and the other releaser published it
     assert len(failures) == (1 if connecting == 2.0 else 0), failures
-
