@@ -653,6 +653,52 @@ def test_a_call_left_in_doubt_by_a_broken_connection_comes_back_within_a_lease(
     assert entry.meta["d"] == 1, "counted as its first delivery: not sent again as the same one"
 
 
+def test_a_call_left_in_doubt_that_the_broker_kept_runs_once(
+    setup: RabbitSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other side of the test above: the broker did take the publish left in doubt, but no worker received it
+    within the lease (a backlog, a memory alarm), so the sweep delivered the call again. Both deliveries are in the
+    queue; the first one is a first delivery, and first deliveries were not checked against the store: both ran. On
+    an AMQP broker a first delivery released more than half a lease ago is checked: the first is dropped, the second
+    runs."""
+    from celery_redisdelay.release import releaser
+
+    tag = uuid.uuid4().hex[:8]
+    overrides = {
+        "REDISDELAY_TEST_QUEUE": f"kept-{tag}",
+        "REDISDELAY_TEST_PREFIX": f"kept-{tag}",
+        "REDISDELAY_TEST_LEASE": "3",
+    }
+    proj = setup.proj(**overrides)
+    with Connection(setup.rabbit.url) as connection:
+        proj.app.amqp.queues[f"kept-{tag}"](connection.default_channel).declare()
+    call_id = proj.record.apply_async((f"kept-{tag}", 0), countdown=0.1).id
+    wait_for(lambda: proj.rd.stats()["due"] == 1, 10, "the call to fall due")
+    original = releaser.publish_call
+
+    def confirmed_then_broken(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)  # RabbitMQ has it (and confirmed it) ...
+        raise ConnectionResetError("the connection broke before the confirm")  # ... but the confirm was lost
+
+    monkeypatch.setattr(releaser, "publish_call", confirmed_then_broken)
+    with pytest.raises(ConnectionResetError):
+        proj.rd.releasers.tick()
+    monkeypatch.undo()
+
+    def delivered_again() -> bool:
+        proj.rd.releasers.tick()  # the sweep, a lease later, then the release of delivery 2
+        entry = proj.rd.find(call_id)
+        return entry is not None and entry.meta.get("d") == 2 and entry.meta.get("s") == "queued"
+
+    wait_for(delivered_again, 20, "the sweep to deliver the call again")
+    setup.start_worker(**overrides)
+    dropped = f"dropped delivery 1 of call {call_id}"
+    wait_for(lambda: dropped in setup.logs() or len(setup.runs(f"kept-{tag}")) >= 2, 30, "both deliveries")
+    wait_for(lambda: len(setup.runs(f"kept-{tag}")) >= 1, 30, "the run")
+    runs = setup.runs(f"kept-{tag}")
+    assert len(runs) == 1, f"{len(runs)} runs: both deliveries ran"
+
+
 @pytest.mark.parametrize("connecting", [2.0, 2.6], ids=["confirm-cut-short", "given-back"])
 def test_a_claim_that_runs_short_is_never_published_twice(
     setup: RabbitSetup, rabbitmq: RabbitMQServer, monkeypatch: pytest.MonkeyPatch, connecting: float

@@ -20,6 +20,7 @@ from celery_redisdelay.message.marks import (
     delivery_number,
     possibly_superseded,
     redelivered,
+    superseded_after_ms,
 )
 from celery_redisdelay.testing import RedisServer, wait_for
 from tests.pool_run import pool_worker
@@ -137,10 +138,15 @@ def test_a_first_delivery_asks_nothing(rd: RedisDelay) -> None:
 
 def test_a_first_delivery_is_asked_about_once_it_may_have_been_superseded() -> None:
     now = 1_000_000
-    assert not possibly_superseded({}, now, 10_000), "released before 0.6: no time, no question"
-    assert not possibly_superseded({RELEASED_HEADER: now - 5_000}, now, 10_000)
-    assert possibly_superseded({RELEASED_HEADER: now - 5_001}, now, 10_000)
-    assert not possibly_superseded({RELEASED_HEADER: "0"}, now, 10_000)
+    assert not possibly_superseded({}, now, 5_000), "released before 0.6: no time, no question"
+    assert not possibly_superseded({RELEASED_HEADER: now - 5_000}, now, 5_000)
+    assert possibly_superseded({RELEASED_HEADER: now - 5_001}, now, 5_000)
+    assert not possibly_superseded({RELEASED_HEADER: "0"}, now, 5_000)
+    # Half the queue timeout; on an AMQP broker, half a lease if shorter (a publish left in doubt); no lease: none.
+    assert superseded_after_ms(7_200, 30, amqp_broker=False) == 3_600_000
+    assert superseded_after_ms(86_400, 30, amqp_broker=True) == 15_000
+    assert superseded_after_ms(20, 30, amqp_broker=True) == 10_000
+    assert superseded_after_ms(86_400, 0, amqp_broker=True) == 43_200_000
 
 
 def test_a_copy_of_a_call_another_worker_holds_under_a_live_lease_is_stale(rd: RedisDelay, client: redis.Redis) -> None:

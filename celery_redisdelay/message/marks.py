@@ -70,15 +70,25 @@ def redelivered(message: Any) -> bool:
     return bool(info.get("redelivered") or headers.get("redelivered"))
 
 
-def possibly_superseded(headers: Mapping[str, Any] | None, now_ms: int, queue_timeout_ms: int) -> bool:
+def possibly_superseded(headers: Mapping[str, Any] | None, now_ms: int, after_ms: int) -> bool:
     """Whether a first delivery published through kombu is old enough that the sweep may have delivered its call
-    again meanwhile: it was released more than half the queue timeout ago (the sweep delivers again a call whose
-    message waited the whole queue timeout; half leaves room for clocks that differ). On the store's own Redis the
-    sweep takes the old message out of its list; a broker such as RabbitMQ keeps it."""
+    again meanwhile: it was released more than ``after_ms`` ago (see :func:`superseded_after_ms`). On the store's own
+    Redis the sweep takes the old message out of its list; a broker such as RabbitMQ keeps it."""
     released = (headers or {}).get(RELEASED_HEADER)
     if not isinstance(released, int) or isinstance(released, bool):
         return False
-    return now_ms - released > queue_timeout_ms // 2
+    return now_ms - released > after_ms
+
+
+def superseded_after_ms(queue_timeout: float, lease: float, amqp_broker: bool) -> int:
+    """How long after its release a first delivery may have been superseded (ms): the sweep delivers again a call
+    whose message waited its whole queue timeout, and, on an AMQP broker, a call whose publish the broker left in
+    doubt once a lease ran out (the broker may have kept the first copy: see ``Releaser._publish_confirmed``). Half
+    of either leaves room for clocks that differ."""
+    after_ms = round(queue_timeout * 1000) // 2
+    if amqp_broker and lease > 0:
+        after_ms = min(after_ms, round(lease * 1000) // 2)
+    return after_ms
 
 
 def request_from_store(request: Any) -> bool:

@@ -15,8 +15,10 @@ dead-lettered, is acknowledged and dropped, and logged. A message the store cann
 
 First deliveries are not asked about, they cost nothing, but for one that waited so long in a broker queue that the
 sweep may have delivered its call again meanwhile (:func:`~..message.marks.possibly_superseded`: released more than
-half the queue timeout ago). On the store's own Redis the sweep takes the waiting message out of its list; a broker
-such as RabbitMQ keeps it, and both would run.
+half the queue timeout ago, or, on an AMQP broker, half a lease ago: a publish the broker left in doubt is delivered
+again once a lease ran out, and the broker may have kept the first copy). On the store's own Redis the sweep takes
+the waiting message out of its list; a broker such as RabbitMQ keeps it, and both would run. So on RabbitMQ a
+backlog older than half a lease costs a round trip a message.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RedisDelayError
-from ..message.marks import delivery_number, possibly_superseded, redelivered
+from ..message.marks import delivery_number, possibly_superseded, redelivered, superseded_after_ms
 from . import strategies
 
 if TYPE_CHECKING:
@@ -43,6 +45,7 @@ class StaleDeliveries:
         self.depot = depot
         self.owns = owns  # whether a task's calls may be parked in this depot
         self.hostname = hostname  # the worker's: a copy of a call another worker holds is stale
+        self._after_ms: int | None = None  # superseded_after_ms, worked out at the first message
 
     def install(self, tasks: Any) -> int:
         """Wrap the message handler of each task whose calls may be parked (see :mod:`.strategies`); how many."""
@@ -52,9 +55,10 @@ class StaleDeliveries:
         """Whether a received message is a redelivery (or a first delivery that may have been superseded) the store
         says is not the call's current delivery."""
         headers = getattr(message, "headers", None) or {}
-        if not redelivered(message) and not possibly_superseded(
-            headers, int(time.time() * 1000), round(self.depot.settings.queue_timeout * 1000)
-        ):
+        if self._after_ms is None:
+            settings = self.depot.settings
+            self._after_ms = superseded_after_ms(settings.queue_timeout, settings.lease, self.depot.amqp_broker)
+        if not redelivered(message) and not possibly_superseded(headers, int(time.time() * 1000), self._after_ms):
             return False
         call_id = headers.get("id")
         number = delivery_number(str(call_id), getattr(message, "delivery_tag", None), headers)
