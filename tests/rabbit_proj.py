@@ -21,6 +21,7 @@ from celery import Celery
 from kombu import Exchange, Queue
 
 from celery_redisdelay import RedisDelay
+from celery_redisdelay.message.marks import request_delivery
 
 URL = os.environ.get("REDISDELAY_TEST_URL", "redis://127.0.0.1:6379")
 QUEUE = os.environ.get("REDISDELAY_TEST_QUEUE", "rabbit")
@@ -94,6 +95,9 @@ def note(key: str, request: Any, value: Any) -> None:
         "custom": headers.get("x-custom") if isinstance(headers, dict) else None,
         "retries": request.retries,
         "pid": os.getpid(),
+        "delivery": request_delivery(request),  # the store's number of the delivery that ran
+        "redelivered": bool(info.get("redelivered")),  # the broker's own redelivery
+        "worker": request.hostname,
     }
     marks.rpush(key, json.dumps(entry))
 

@@ -509,6 +509,12 @@ def test_a_memory_alarm_longer_than_the_claim_timeout_runs_each_call_once(
         raise
     runs = [run["value"] for run in setup.runs(key)]
     assert sorted(set(runs)) == list(range(len(calls)))
+    if len(runs) != len(calls):  # what each run of a call that ran twice was, and what the workers said of it
+        twice = {run["id"] for run in setup.runs(key) if runs.count(run["value"]) > 1}
+        for call_id in sorted(twice):
+            print(f"call {call_id}: {[run for run in setup.runs(key) if run['id'] == call_id]}")
+            print("\n".join(setup.lines_about(call_id)))
+            print(proj.rd.find(call_id))
     assert len(runs) == len(calls), f"{len(runs) - len(calls)} duplicate run(s)"
 
 

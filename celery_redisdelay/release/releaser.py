@@ -393,6 +393,13 @@ class Releaser:
                     reason = str(exc) if isinstance(exc, (CallRefused, EnvelopeError)) else refusal(exc)
                     if reason is None and isinstance(exc, fatal):
                         doubtful.append(call.id)  # the outcome is unknown (see above)
+                        logger.warning(
+                            "redisdelay: call %s (delivery %d) was published but not confirmed (%r): it counts as"
+                            " delivered, and is delivered again after a lease if the broker lost it",
+                            call.id,
+                            call.deliveries,
+                            exc,
+                        )
                         handled.add(call.id)
                         raise
                     if not isinstance(exc, (CallRefused, EnvelopeError)):
