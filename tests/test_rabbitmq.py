@@ -705,6 +705,64 @@ def test_a_call_left_in_doubt_that_the_broker_kept_runs_once(
     assert len(runs) == 1, f"{len(runs)} runs: both deliveries ran"
 
 
+def test_a_copy_published_under_a_claim_that_ran_out_runs_once(
+    setup: RabbitSetup, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A releaser publishes a call, RabbitMQ confirms it, and then the releaser stalls (a loaded machine) until its
+    claim has run out: the other releaser sweeps the claim and publishes the call again, as delivery 2. The first
+    releaser's confirm then finds the claim is not its own and leaves it. Both deliveries are in the queue; the
+    first is a first delivery, which is not checked against the store unless it may have been superseded: on an
+    AMQP broker, once it was released more than half the claim timeout ago. The first is dropped, the second runs.
+    (The memory-alarm test, in two clean-clone CI runs under load, ran one and two calls twice.)"""
+    import threading
+
+    from celery_redisdelay.release import releaser
+
+    tag = uuid.uuid4().hex[:8]
+    overrides = {
+        "REDISDELAY_TEST_QUEUE": f"lapsed-{tag}",
+        "REDISDELAY_TEST_PREFIX": f"lapsed-{tag}",
+        "REDISDELAY_TEST_CLAIM_TIMEOUT": "2",
+    }
+    slow, other = setup.proj(**overrides), setup.proj(**overrides)  # two releasers of one store
+    with Connection(setup.rabbit.url) as connection:
+        slow.app.amqp.queues[f"lapsed-{tag}"](connection.default_channel).declare()
+    call_id = slow.record.apply_async((f"lapsed-{tag}", 0), countdown=0.1).id
+    wait_for(lambda: slow.rd.stats()["due"] == 1, 10, "the call to fall due")
+    original = releaser.Releaser._confirm
+    lapsed = threading.Event()
+
+    def stalled(self: Any, *args: Any) -> None:
+        if threading.current_thread().name == "slow-releaser":
+            lapsed.wait(20)  # published and confirmed by the broker; the claim runs out meanwhile
+        original(self, *args)
+
+    monkeypatch.setattr(releaser.Releaser, "_confirm", stalled)
+    thread = threading.Thread(target=slow.rd.releasers.tick, name="slow-releaser")
+    thread.start()
+
+    def delivered_again() -> bool:
+        other.rd.releasers.tick()  # the sweep of the lapsed claim, then the release of delivery 2
+        entry = other.rd.find(call_id)
+        return entry is not None and entry.meta.get("d") == 2 and entry.meta.get("s") == "queued"
+
+    try:
+        wait_for(delivered_again, 20, "the other releaser to deliver the call again")
+    finally:
+        lapsed.set()
+        thread.join()
+        monkeypatch.undo()
+    entry = slow.rd.find(call_id)
+    assert entry is not None and (entry.meta["d"], entry.meta["s"]) == (2, "queued"), "the late confirm left it"
+    setup.start_worker(**overrides)
+    dropped = f"dropped delivery 1 of call {call_id}"
+    wait_for(lambda: dropped in setup.logs() or len(setup.runs(f"lapsed-{tag}")) >= 2, 30, "both deliveries")
+    wait_for(lambda: len(setup.runs(f"lapsed-{tag}")) >= 1, 30, "the run")
+    runs = setup.runs(f"lapsed-{tag}")
+    assert len(runs) == 1, f"{len(runs)} runs: both deliveries ran"
+    assert runs[0]["delivery"] == 2
+
+
 @pytest.mark.parametrize("connecting", [2.0, 2.6], ids=["confirm-cut-short", "given-back"])
 def test_a_claim_that_runs_short_is_never_published_twice(
     setup: RabbitSetup, rabbitmq: RabbitMQServer, monkeypatch: pytest.MonkeyPatch, connecting: float

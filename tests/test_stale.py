@@ -147,6 +147,9 @@ def test_a_first_delivery_is_asked_about_once_it_may_have_been_superseded() -> N
     assert superseded_after_ms(86_400, 30, amqp_broker=True) == 15_000
     assert superseded_after_ms(20, 30, amqp_broker=True) == 10_000
     assert superseded_after_ms(86_400, 0, amqp_broker=True) == 43_200_000
+    # ... and half the claim timeout, if shorter still (a releaser that stalled past its claim): AMQP only
+    assert superseded_after_ms(86_400, 30, amqp_broker=True, claim_timeout=3) == 1_500
+    assert superseded_after_ms(7_200, 30, amqp_broker=False, claim_timeout=3) == 3_600_000
 
 
 def test_a_copy_of_a_call_another_worker_holds_under_a_live_lease_is_stale(rd: RedisDelay, client: redis.Redis) -> None:

@@ -80,14 +80,18 @@ def possibly_superseded(headers: Mapping[str, Any] | None, now_ms: int, after_ms
     return now_ms - released > after_ms
 
 
-def superseded_after_ms(queue_timeout: float, lease: float, amqp_broker: bool) -> int:
+def superseded_after_ms(queue_timeout: float, lease: float, amqp_broker: bool, claim_timeout: float = 0) -> int:
     """How long after its release a first delivery may have been superseded (ms): the sweep delivers again a call
-    whose message waited its whole queue timeout, and, on an AMQP broker, a call whose publish the broker left in
-    doubt once a lease ran out (the broker may have kept the first copy: see ``Releaser._publish_confirmed``). Half
-    of either leaves room for clocks that differ."""
+    whose message waited its whole queue timeout. On an AMQP broker, where each publish is a round trip of its own
+    and the store hears of it after, also a call whose publish the broker left in doubt, once a lease ran out, and
+    a call whose claim ran out before its releaser recorded the publish (a stalled releaser): in both the broker may
+    have kept the first copy (see ``Releaser._publish_confirmed``). Half of each leaves room for clocks that
+    differ."""
     after_ms = round(queue_timeout * 1000) // 2
-    if amqp_broker and lease > 0:
-        after_ms = min(after_ms, round(lease * 1000) // 2)
+    if amqp_broker:
+        for bound in (lease, claim_timeout):
+            if bound > 0:
+                after_ms = min(after_ms, round(bound * 1000) // 2)
     return after_ms
 
 

@@ -15,10 +15,11 @@ dead-lettered, is acknowledged and dropped, and logged. A message the store cann
 
 First deliveries are not asked about, they cost nothing, but for one that waited so long in a broker queue that the
 sweep may have delivered its call again meanwhile (:func:`~..message.marks.possibly_superseded`: released more than
-half the queue timeout ago, or, on an AMQP broker, half a lease ago: a publish the broker left in doubt is delivered
-again once a lease ran out, and the broker may have kept the first copy). On the store's own Redis the sweep takes
-the waiting message out of its list; a broker such as RabbitMQ keeps it, and both would run. So on RabbitMQ a
-backlog older than half a lease costs a round trip a message.
+half the queue timeout ago, or, on an AMQP broker, half a lease or half the claim timeout ago, the shorter: a publish
+the broker left in doubt is delivered again once a lease ran out, a call whose claim ran out before its releaser
+recorded the publish once the claim did, and the broker may have kept the first copy). On the store's own Redis the
+sweep takes the waiting message out of its list; a broker such as RabbitMQ keeps it, and both would run. So on
+RabbitMQ a backlog older than 15 s (the defaults) costs a round trip a message.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ class StaleDeliveries:
         headers = getattr(message, "headers", None) or {}
         if self._after_ms is None:
             settings = self.depot.settings
-            self._after_ms = superseded_after_ms(settings.queue_timeout, settings.lease, self.depot.amqp_broker)
+            self._after_ms = superseded_after_ms(
+                settings.queue_timeout, settings.lease, self.depot.amqp_broker, settings.claim_timeout
+            )
         if not redelivered(message) and not possibly_superseded(headers, int(time.time() * 1000), self._after_ms):
             return False
         call_id = headers.get("id")
