@@ -118,6 +118,14 @@ class RabbitSetup:
             raise
         return self.runs(key)
 
+    def run_both_deliveries(self, call_id: str, key: str, overrides: dict[str, str]) -> list[dict[str, Any]]:
+        """Start a worker on a queue that holds deliveries 1 and 2 of ``call_id``; its runs once delivery 1 was
+        dropped as stale or both ran."""
+        self.start_worker(**overrides)
+        dropped = f"dropped delivery 1 of call {call_id}"
+        wait_for(lambda: dropped in self.logs() or len(self.runs(key)) >= 2, 30, "both deliveries")
+        return self.wait_runs(key, 1)
+
     def dump_stacks(self) -> None:
         """Each live worker and its pool processes write every thread's stack to the worker's output (SIGUSR2, see
         tests/rabbit_proj.py): a run that never ended says where it is stuck (a retried call's run once never
@@ -697,11 +705,7 @@ def test_a_call_left_in_doubt_that_the_broker_kept_runs_once(
         return entry is not None and entry.meta.get("d") == 2 and entry.meta.get("s") == "queued"
 
     wait_for(delivered_again, 20, "the sweep to deliver the call again")
-    setup.start_worker(**overrides)
-    dropped = f"dropped delivery 1 of call {call_id}"
-    wait_for(lambda: dropped in setup.logs() or len(setup.runs(f"kept-{tag}")) >= 2, 30, "both deliveries")
-    wait_for(lambda: len(setup.runs(f"kept-{tag}")) >= 1, 30, "the run")
-    runs = setup.runs(f"kept-{tag}")
+    runs = setup.run_both_deliveries(call_id, f"kept-{tag}", overrides)
     assert len(runs) == 1, f"{len(runs)} runs: both deliveries ran"
 
 
@@ -754,11 +758,7 @@ def test_a_copy_published_under_a_claim_that_ran_out_runs_once(
         monkeypatch.undo()
     entry = slow.rd.find(call_id)
     assert entry is not None and (entry.meta["d"], entry.meta["s"]) == (2, "queued"), "the late confirm left it"
-    setup.start_worker(**overrides)
-    dropped = f"dropped delivery 1 of call {call_id}"
-    wait_for(lambda: dropped in setup.logs() or len(setup.runs(f"lapsed-{tag}")) >= 2, 30, "both deliveries")
-    wait_for(lambda: len(setup.runs(f"lapsed-{tag}")) >= 1, 30, "the run")
-    runs = setup.runs(f"lapsed-{tag}")
+    runs = setup.run_both_deliveries(call_id, f"lapsed-{tag}", overrides)
     assert len(runs) == 1, f"{len(runs)} runs: both deliveries ran"
     assert runs[0]["delivery"] == 2
 
