@@ -694,3 +694,20 @@ def test_a_call_stays_held_while_celery_knows_one_of_its_requests(rd: RedisDelay
         state.task_ready(woken_run)
     leases.renew()
     assert leases.held == {}, "forgotten once no request of it is left"
+
+
+def test_a_call_a_worker_holds_before_its_publish_is_confirmed_keeps_its_lease(
+    rd: RedisDelay, client: redis.Redis
+) -> None:
+    """On RabbitMQ the store hears of a publish after the broker confirmed it, and a worker may have received the call
+    and taken it under its lease by then. The confirm marks it released, but leaves the lease's deadline: with the
+    queue timeout's (a day on AMQP), renewed as the later of the two, a worker killed before it started the call
+    would leave it waiting a day."""
+    rd.store.park("fast", ENVELOPE, {"r": LONG_MS, "m": 5}, countdown_ms=0)
+    [claimed] = rd.store.claim(10, LONG_MS)
+    before = redis_ms(client)
+    assert rd.store.lease("w1", LEASE_MS, [("fast", "1")], 1) == []
+    assert rd.store.confirm([claimed], 86_400_000) == 1
+    held = entry(rd, "fast")
+    assert (held.meta["s"], held.meta["h"]) == ("queued", "w1")
+    assert before + LEASE_MS <= held.score_ms <= redis_ms(client) + LEASE_MS, "the lease's deadline, not a day"

@@ -13,11 +13,15 @@ for i = 3, #ARGV, 2 do
     if meta.s == 'claimed' and (delivery == 0 or tonumber(meta.d) == delivery) and redis.call('ZSCORE', INFLIGHT, id) then
         meta.s = 'queued'
         save_meta(id, meta)
-        local wait = tonumber(meta.q) or tonumber(ARGV[1])
-        if longest > 0 and longest < wait then
-            wait = longest
+        -- A worker may have received the call and taken it under its lease before the releaser got here (an AMQP
+        -- broker confirms each publish before the store hears of it): its lease's deadline stands.
+        if meta.h == nil then
+            local wait = tonumber(meta.q) or tonumber(ARGV[1])
+            if longest > 0 and longest < wait then
+                wait = longest
+            end
+            redis.call('ZADD', INFLIGHT, now + wait, id)
         end
-        redis.call('ZADD', INFLIGHT, now + wait, id)
         confirmed = confirmed + 1
     end
 end
