@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import celery
 import pytest
@@ -54,6 +54,15 @@ def rabbitmq() -> Iterator[RabbitMQServer]:
     print(f"RabbitMQ started in {server.startup_seconds:.1f} s on port {server.port}")
     yield server
     server.stop()
+
+
+class DueCall(NamedTuple):
+    """What :meth:`RabbitSetup.one_due_call` made."""
+
+    id: str
+    key: str  # its queue, its store's prefix and the list its runs are noted on
+    overrides: dict[str, str]  # the test app's environment for workers of its queue
+    apps: list[Any]
 
 
 class RabbitSetup:
@@ -118,6 +127,19 @@ class RabbitSetup:
             self.dump_stacks()
             raise
         return self.runs(key)
+
+    def one_due_call(self, name: str, releasers: int = 1, **settings: str) -> DueCall:
+        """One call, parked and now due, on a queue and a store prefix of their own (``name``-<tag>, declared on the
+        broker; ``settings``: more of the test app's environment), and ``releasers`` apps of that store, each with a
+        releaser of its own; no worker yet."""
+        key = f"{name}-{uuid.uuid4().hex[:8]}"
+        overrides = {"REDISDELAY_TEST_QUEUE": key, "REDISDELAY_TEST_PREFIX": key, **settings}
+        apps = [self.proj(**overrides) for _ in range(releasers)]
+        with Connection(self.rabbit.url) as connection:
+            apps[0].app.amqp.queues[key](connection.default_channel).declare()
+        call_id = apps[0].record.apply_async((key, 0), countdown=0.1).id
+        wait_for(lambda: apps[0].rd.stats()["due"] == 1, 10, "the call to fall due")
+        return DueCall(call_id, key, overrides, apps)
 
     def run_both_deliveries(self, call_id: str, key: str, overrides: dict[str, str]) -> list[dict[str, Any]]:
         """Start a worker on a queue that holds deliveries 1 and 2 of ``call_id``; its runs once delivery 1 was
@@ -686,17 +708,8 @@ def test_a_call_left_in_doubt_that_the_broker_kept_runs_once(
     from celery_redisdelay.release import releaser
 
     only_in(setup, "classic-early-ack", "quorum-acks-late")
-    tag = uuid.uuid4().hex[:8]
-    overrides = {
-        "REDISDELAY_TEST_QUEUE": f"kept-{tag}",
-        "REDISDELAY_TEST_PREFIX": f"kept-{tag}",
-        "REDISDELAY_TEST_LEASE": "3",
-    }
-    proj = setup.proj(**overrides)
-    with Connection(setup.rabbit.url) as connection:
-        proj.app.amqp.queues[f"kept-{tag}"](connection.default_channel).declare()
-    call_id = proj.record.apply_async((f"kept-{tag}", 0), countdown=0.1).id
-    wait_for(lambda: proj.rd.stats()["due"] == 1, 10, "the call to fall due")
+    call = setup.one_due_call("kept", REDISDELAY_TEST_LEASE="3")
+    proj, call_id = call.apps[0], call.id
     original = releaser.publish_call
 
     def confirmed_then_broken(*args: Any, **kwargs: Any) -> None:
@@ -714,7 +727,7 @@ def test_a_call_left_in_doubt_that_the_broker_kept_runs_once(
         return entry is not None and entry.meta.get("d") == 2 and entry.meta.get("s") == "queued"
 
     wait_for(delivered_again, 20, "the sweep to deliver the call again")
-    runs = setup.run_both_deliveries(call_id, f"kept-{tag}", overrides)
+    runs = setup.run_both_deliveries(call_id, call.key, call.overrides)
     assert len(runs) == 1, f"{len(runs)} runs: both deliveries ran"
 
 
@@ -732,17 +745,8 @@ def test_a_copy_published_under_a_claim_that_ran_out_runs_once(
     from celery_redisdelay.release import releaser
 
     only_in(setup, "classic-early-ack", "quorum-acks-late")
-    tag = uuid.uuid4().hex[:8]
-    overrides = {
-        "REDISDELAY_TEST_QUEUE": f"lapsed-{tag}",
-        "REDISDELAY_TEST_PREFIX": f"lapsed-{tag}",
-        "REDISDELAY_TEST_CLAIM_TIMEOUT": "2",
-    }
-    slow, other = setup.proj(**overrides), setup.proj(**overrides)  # two releasers of one store
-    with Connection(setup.rabbit.url) as connection:
-        slow.app.amqp.queues[f"lapsed-{tag}"](connection.default_channel).declare()
-    call_id = slow.record.apply_async((f"lapsed-{tag}", 0), countdown=0.1).id
-    wait_for(lambda: slow.rd.stats()["due"] == 1, 10, "the call to fall due")
+    call = setup.one_due_call("lapsed", releasers=2, REDISDELAY_TEST_CLAIM_TIMEOUT="2")
+    (slow, other), call_id = call.apps, call.id
     original = releaser.Releaser._confirm
     lapsed = threading.Event()
 
@@ -768,7 +772,7 @@ def test_a_copy_published_under_a_claim_that_ran_out_runs_once(
         monkeypatch.undo()
     entry = slow.rd.find(call_id)
     assert entry is not None and (entry.meta["d"], entry.meta["s"]) == (2, "queued"), "the late confirm left it"
-    runs = setup.run_both_deliveries(call_id, f"lapsed-{tag}", overrides)
+    runs = setup.run_both_deliveries(call_id, call.key, call.overrides)
     assert len(runs) == 1, f"{len(runs)} runs: both deliveries ran"
     assert runs[0]["delivery"] == 2
 
@@ -786,21 +790,11 @@ def test_a_claim_that_runs_short_is_never_published_twice(
     twice.) The release neither knows nor asks how the workers acknowledge: early acknowledgement only."""
     import threading
 
-    only_in(setup, "classic-early-ack", "quorum-early-ack")  # the release neither knows nor asks how workers ack
-
     from celery_redisdelay.release import confirms, releaser
 
-    tag = uuid.uuid4().hex[:8]
-    overrides = {
-        "REDISDELAY_TEST_QUEUE": f"short-{tag}",
-        "REDISDELAY_TEST_PREFIX": f"short-{tag}",
-        "REDISDELAY_TEST_CLAIM_TIMEOUT": "3",
-    }
-    slow, other = setup.proj(**overrides), setup.proj(**overrides)  # two releasers of one store
-    with Connection(setup.rabbit.url) as connection:
-        slow.app.amqp.queues[f"short-{tag}"](connection.default_channel).declare()
-    call_id = slow.record.apply_async((f"short-{tag}", 0), countdown=0.1).id
-    wait_for(lambda: slow.rd.stats()["due"] == 1, 10, "the call to fall due")
+    only_in(setup, "classic-early-ack", "quorum-early-ack")  # the release neither knows nor asks how workers ack
+    call = setup.one_due_call("short", releasers=2, REDISDELAY_TEST_CLAIM_TIMEOUT="3")
+    (slow, other), call_id = call.apps, call.id
 
     published: list[int] = []
     original_publish, original_enter = releaser.publish_call, confirms.ConfirmingPublisher.__enter__
